@@ -1,0 +1,95 @@
+"""Build the rmsnorm C extension.
+
+Portable baseline flags only (never -march=native). The compiler is probed for OpenMP and for
+each ISA family; the SIMD kernel files switch their target on with a pragma, so a family the
+compiler cannot target is simply left out and the build falls back to what it can do.
+Set RMSNORM_WERROR=1 to turn warnings into errors (CI does).
+"""
+
+import os
+import platform
+import tempfile
+
+import numpy as np
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+KERNELS = "src/kernels"
+BASE_SOURCES = [
+    "src/module.c",
+    "src/dispatch.c",
+    "src/driver.c",
+    f"{KERNELS}/scalar.c",
+    f"{KERNELS}/reference.c",
+]
+
+PROBES = {
+    "avx2": (
+        '#pragma GCC target("avx2,fma,f16c")\n#include <immintrin.h>\n'
+        "int f(float *p){__m256 v=_mm256_fmadd_ps(_mm256_loadu_ps(p),_mm256_loadu_ps(p),"
+        "_mm256_cvtph_ps(_mm_setzero_si128()));_mm256_storeu_ps(p,v);return 0;}\n"
+    ),
+    "avx512": (
+        '#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")\n'
+        "#include <immintrin.h>\n"
+        "int f(float *p){__m512 v=_mm512_loadu_ps(p);"
+        "_mm256_storeu_si256((__m256i*)p,_mm512_cvtepi32_epi16(_mm512_castps_si512(v)));"
+        "return (int)_mm512_reduce_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)));}\n"
+    ),
+    "neon": "#include <arm_neon.h>\nint f(float *p){vst1q_f32(p, vld1q_f32(p)); return 0;}\n",
+    "openmp": "#include <omp.h>\nint f(void){return omp_get_max_threads();}\n",
+}
+
+
+def compiles(compiler, code, extra=()):
+    """True when `code` compiles (not links) with the given extra flags."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "probe.c")
+        with open(path, "w") as f:
+            f.write(code)
+        try:
+            compiler.compile([path], output_dir=tmp, extra_postargs=list(extra))
+        except Exception:
+            return False
+    return True
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        cc = self.compiler
+        machine = platform.machine().lower()
+        x86 = machine in ("x86_64", "amd64", "i686", "i386")
+        arm64 = machine in ("aarch64", "arm64")
+        flags = ["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fno-strict-aliasing"]
+        if os.environ.get("RMSNORM_WERROR") == "1":
+            flags.append("-Werror")
+        flags += os.environ.get("RMSNORM_EXTRA_CFLAGS", "").split()
+        sources, macros, link = [], [], []
+        if x86 and compiles(cc, PROBES["avx2"]):
+            sources.append(f"{KERNELS}/avx2.c")
+            macros.append(("RMSNORM_HAVE_AVX2", "1"))
+        if x86 and compiles(cc, PROBES["avx512"]):
+            sources.append(f"{KERNELS}/avx512.c")
+            macros.append(("RMSNORM_HAVE_AVX512", "1"))
+        if arm64 and os.path.exists(f"{KERNELS}/neon.c") and compiles(cc, PROBES["neon"]):
+            sources.append(f"{KERNELS}/neon.c")
+            macros.append(("RMSNORM_HAVE_NEON", "1"))
+        if os.environ.get("RMSNORM_NO_OPENMP") != "1" and compiles(
+            cc, PROBES["openmp"], ["-fopenmp"]
+        ):
+            flags.append("-fopenmp")
+            link.append("-fopenmp")
+        for ext in self.extensions:
+            ext.sources = BASE_SOURCES + sources
+            ext.define_macros += macros
+            ext.extra_compile_args = flags
+            ext.extra_link_args = link + os.environ.get("RMSNORM_EXTRA_LDFLAGS", "").split()
+        super().build_extensions()
+
+
+setup(
+    ext_modules=[
+        Extension("rmsnorm._core", sources=BASE_SOURCES, include_dirs=[np.get_include(), "src"])
+    ],
+    cmdclass={"build_ext": BuildExt},
+)

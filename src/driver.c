@@ -1,0 +1,361 @@
+/* Threading for every kernel. The m x k elements are cut into one contiguous range per
+ * thread, whatever the shape: a thread gets whole rows plus at most a partial row at each end.
+ * Whole rows are finished at once; partial rows publish their partial sums, and after one
+ * barrier every thread sharing a row combines them in the same fixed order, so a long row
+ * (1 x 1M, 29 x 17389) and many short rows (1M x 64) both spread evenly. Tiny inputs run on
+ * the calling thread with no team at all. */
+#include "driver.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/reference.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#define RMS_MAX_THREADS 256
+#define RMS_MIN_PER_THREAD (16 * 1024) /* elements: below this a thread costs more than it saves */
+#define RMS_NONE ((size_t)-1)
+
+static int n_threads = 1;
+static size_t stream_bytes = (size_t)32 << 20;
+
+static size_t esize(int dtype) { return dtype == RMS_F64 ? 8 : dtype == RMS_F32 ? 4 : 2; }
+static size_t csize(int dtype) { return dtype == RMS_F64 ? 8 : 4; }
+
+static int env_threads(const char *name) {
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return 0;
+    char *end;
+    long v = strtol(s, &end, 10); /* OMP_NUM_THREADS may be a list "8,4": take the first */
+    return (end != s && v > 0) ? (int)(v < RMS_MAX_THREADS ? v : RMS_MAX_THREADS) : 0;
+}
+
+void rms_threads_init(void) {
+    int n = env_threads("RMSNORM_NUM_THREADS");
+    if (!n)
+        n = env_threads("OMP_NUM_THREADS");
+#if defined(_OPENMP)
+    if (!n)
+        n = omp_get_num_procs(); /* honours the affinity mask */
+#endif
+    rms_threads_set(n > 0 ? n : 1);
+    /* Outputs larger than about half the last-level cache bypass it. */
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (llc > 0 && (size_t)llc / 2 < stream_bytes)
+        stream_bytes = (size_t)llc / 2;
+}
+
+int rms_threads_get(void) { return __atomic_load_n(&n_threads, __ATOMIC_RELAXED); }
+
+void rms_threads_set(int n) {
+    n = n < 1 ? 1 : n > RMS_MAX_THREADS ? RMS_MAX_THREADS : n;
+    __atomic_store_n(&n_threads, n, __ATOMIC_RELAXED);
+}
+
+int rms_have_openmp(void) {
+#if defined(_OPENMP)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static int team_size(size_t elements, int nthreads) {
+#if defined(_OPENMP)
+    size_t useful = elements / RMS_MIN_PER_THREAD;
+    if (useful < (size_t)nthreads)
+        nthreads = useful > 1 ? (int)useful : 1;
+    return nthreads;
+#else
+    (void)elements;
+    (void)nthreads;
+    return 1;
+#endif
+}
+
+static int thread_id(void) {
+#if defined(_OPENMP)
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* Thread t's share of the flattened m*k elements: full rows [r0, r1) and up to two partial
+ * rows (head: the end of the row before r0, tail: the start of row r1). */
+typedef struct {
+    size_t row, c0, c1;
+    double s;
+} piece;
+
+typedef struct {
+    size_t r0, r1;
+    piece p[2];
+} share;
+
+static share split(size_t total, size_t k, int t, int nt) {
+    /* boundaries on 16-element multiples keep threads off each other's cache lines */
+    size_t e0 = (size_t)((unsigned __int128)total * (unsigned)t / (unsigned)nt) & ~(size_t)15;
+    size_t e1 = t + 1 == nt ? total
+                            : (size_t)((unsigned __int128)total * (unsigned)(t + 1) / (unsigned)nt) &
+                                  ~(size_t)15;
+    share s = {0, 0, {{RMS_NONE, 0, 0, 0.0}, {RMS_NONE, 0, 0, 0.0}}};
+    if (e0 >= e1)
+        return s;
+    size_t row = e0 / k, col = e0 % k;
+    if (col) {
+        size_t end = e1 - row * k < k ? e1 - row * k : k;
+        s.p[0] = (piece){row, col, end, 0.0};
+        e0 = row * k + end;
+        row++;
+    }
+    s.r0 = s.r1 = row;
+    if (e0 < e1) {
+        s.r1 = e1 / k;
+        if (e1 % k)
+            s.p[1] = (piece){s.r1, 0, e1 % k, 0.0};
+    }
+    return s;
+}
+
+/* Sum of the partial results for `row`, always in thread order so every sharer agrees. */
+static double row_sum(const share *sh, int nt, size_t row) {
+    double s = 0.0;
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < 2; j++)
+            if (sh[t].p[j].row == row)
+                s += sh[t].p[j].s;
+    return s;
+}
+
+#define AT(p, row, stride, col, es)                                                            \
+    ((char *)(p) + ((ptrdiff_t)(row) * (stride) + (ptrdiff_t)(col)) * (ptrdiff_t)(es))
+
+static void store_c(void *arr, size_t i, double v, int f64) {
+    if (f64)
+        ((double *)arr)[i] = v;
+    else
+        ((float *)arr)[i] = (float)v;
+}
+
+static double load_c(const void *arr, size_t i, int f64) {
+    return f64 ? ((const double *)arr)[i] : (double)((const float *)arr)[i];
+}
+
+static void fwd_rows(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, size_t r1,
+                     int flags, size_t es, size_t cs) {
+    if (r1 <= r0)
+        return;
+    const char *x = AT(a->x, r0, a->xs, 0, es);
+    char *y = AT(a->y, r0, a->ys, 0, es), *rstd = (char *)a->rstd + r0 * cs;
+    if (a->r)
+        kt->add_rows(x, a->xs, AT(a->r, r0, a->rs, 0, es), a->rs, AT(a->h, r0, a->hs, 0, es),
+                     a->hs, y, a->ys, a->w, rstd, r1 - r0, a->k, a->eps, flags);
+    else
+        kt->fwd_rows(x, a->xs, y, a->ys, a->w, rstd, r1 - r0, a->k, a->eps, flags);
+}
+
+static void fwd_team(const rms_kernels *kt, const rms_fwd_args *a, int nt, int flags) {
+    share sh[RMS_MAX_THREADS];
+    size_t es = esize(a->dtype), cs = csize(a->dtype), k = a->k;
+    int f64 = a->dtype == RMS_F64;
+#pragma omp parallel num_threads(nt)
+    {
+        int t = thread_id();
+        share s = split(a->m * k, k, t, nt);
+        for (int j = 0; j < 2; j++) {
+            piece *p = &s.p[j];
+            if (p->row == RMS_NONE)
+                continue;
+            const char *x = AT(a->x, p->row, a->xs, p->c0, es);
+            p->s = a->r ? kt->add_sumsq(x, AT(a->r, p->row, a->rs, p->c0, es), p->c1 - p->c0)
+                        : kt->sumsq(x, p->c1 - p->c0);
+        }
+        sh[t] = s;
+        fwd_rows(kt, a, s.r0, s.r1, flags, es, cs);
+#pragma omp barrier
+        for (int j = 0; j < 2; j++) {
+            const piece *p = &s.p[j];
+            if (p->row == RMS_NONE)
+                continue;
+            const char *x = AT(a->x, p->row, a->xs, p->c0, es);
+            const char *res = a->r ? AT(a->r, p->row, a->rs, p->c0, es) : NULL;
+            double ss = row_sum(sh, nt, p->row), r;
+            if (isfinite(ss))
+                r = 1.0 / sqrt(ss / (double)k + a->eps);
+            else
+                r = kt->rescue(AT(a->x, p->row, a->xs, 0, es),
+                               a->r ? AT(a->r, p->row, a->rs, 0, es) : NULL, k, a->eps);
+            if (!f64)
+                r = (double)(float)r; /* scale with the rstd that is stored */
+            if (p->c0 == 0) /* exactly one sharer holds the start of the row */
+                store_c(a->rstd, p->row, r, f64);
+            const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
+            char *y = AT(a->y, p->row, a->ys, p->c0, es);
+            if (res)
+                kt->add_scale(x, res, AT(a->h, p->row, a->hs, p->c0, es), y, w, r, p->c1 - p->c0,
+                              flags);
+            else
+                kt->scale(x, y, w, r, p->c1 - p->c0, flags);
+        }
+    }
+}
+
+void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads) {
+    size_t total = a->m * a->k, es = esize(a->dtype);
+    if (total == 0)
+        return;
+    int flags = a->flags;
+    if (total * es * (a->r ? 2 : 1) >= stream_bytes)
+        flags |= RMS_STREAM;
+    int nt = team_size(total, nthreads);
+    if (nt <= 1)
+        fwd_rows(kt, a, 0, a->m, flags, es, csize(a->dtype));
+    else
+        fwd_team(kt, a, nt, flags);
+}
+
+/* Backward. Each thread accumulates dgamma into its own row of a [threads x k] buffer over the
+ * columns it touches; the rows are then summed column-parallel in thread order. */
+static void bwd_rows(const rms_kernels *kt, const rms_bwd_args *a, size_t r0, size_t r1,
+                     void *dg, size_t es, size_t cs) {
+    if (r1 > r0)
+        kt->bwd_rows(AT(a->dy, r0, a->dys, 0, es), a->dys, AT(a->x, r0, a->xs, 0, es), a->xs,
+                     AT(a->dx, r0, a->dxs, 0, es), a->dxs, a->w, (const char *)a->rstd + r0 * cs,
+                     dg, r1 - r0, a->k);
+}
+
+/* Columns [lo, hi) of the dgamma row that thread share s writes. */
+static void touched(const share *s, size_t k, size_t *lo, size_t *hi) {
+    *lo = k;
+    *hi = 0;
+    if (s->r1 > s->r0) {
+        *lo = 0;
+        *hi = k;
+    }
+    for (int j = 0; j < 2; j++) {
+        const piece *p = &s->p[j];
+        if (p->row == RMS_NONE)
+            continue;
+        *lo = p->c0 < *lo ? p->c0 : *lo;
+        *hi = p->c1 > *hi ? p->c1 : *hi;
+    }
+}
+
+static void reduce_columns(const rms_bwd_args *a, const char *parts, const share *sh, int nt,
+                           size_t c0, size_t c1) {
+    int f64 = a->dtype == RMS_F64;
+    size_t cs = csize(a->dtype);
+    memset((char *)a->dgamma + c0 * cs, 0, (c1 - c0) * cs);
+    for (int t = 0; t < nt; t++) {
+        size_t lo, hi;
+        touched(&sh[t], a->k, &lo, &hi);
+        lo = lo > c0 ? lo : c0;
+        hi = hi < c1 ? hi : c1;
+        const char *row = parts + (size_t)t * a->k * cs;
+        if (f64)
+            for (size_t j = lo; j < hi; j++)
+                ((double *)a->dgamma)[j] += ((const double *)row)[j];
+        else
+            for (size_t j = lo; j < hi; j++)
+                ((float *)a->dgamma)[j] += ((const float *)row)[j];
+    }
+}
+
+static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char *parts) {
+    share sh[RMS_MAX_THREADS];
+    size_t es = esize(a->dtype), cs = csize(a->dtype), k = a->k;
+    int f64 = a->dtype == RMS_F64;
+#pragma omp parallel num_threads(nt)
+    {
+        int t = thread_id();
+        share s = split(a->m * k, k, t, nt);
+        char *dg = parts ? parts + (size_t)t * k * cs : NULL;
+        if (dg) {
+            size_t lo, hi;
+            touched(&s, k, &lo, &hi);
+            if (hi > lo)
+                memset(dg + lo * cs, 0, (hi - lo) * cs);
+        }
+        for (int j = 0; j < 2; j++) {
+            piece *p = &s.p[j];
+            if (p->row == RMS_NONE)
+                continue;
+            const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
+            p->s = kt->dot(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es),
+                           w, p->c1 - p->c0);
+        }
+        sh[t] = s;
+        bwd_rows(kt, a, s.r0, s.r1, dg, es, cs);
+#pragma omp barrier
+        for (int j = 0; j < 2; j++) {
+            const piece *p = &s.p[j];
+            if (p->row == RMS_NONE)
+                continue;
+            double r = load_c(a->rstd, p->row, f64);
+            double c = r * r * r * row_sum(sh, nt, p->row) / (double)k;
+            const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
+            kt->bwd(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es), w,
+                    AT(a->dx, p->row, a->dxs, p->c0, es), r, c, dg ? dg + p->c0 * cs : NULL,
+                    p->c1 - p->c0);
+        }
+        if (parts) {
+#pragma omp barrier
+            reduce_columns(a, parts, sh, nt, k * (size_t)t / (size_t)nt,
+                           k * (size_t)(t + 1) / (size_t)nt);
+        }
+    }
+}
+
+int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
+    size_t total = a->m * a->k, cs = csize(a->dtype);
+    if (a->dgamma)
+        memset(a->dgamma, 0, a->k * cs);
+    if (total == 0)
+        return 0;
+    int nt = team_size(total, nthreads);
+    if (nt <= 1) {
+        bwd_rows(kt, a, 0, a->m, a->dgamma, esize(a->dtype), cs);
+        return 0;
+    }
+    char *parts = NULL;
+    if (a->dgamma && !(parts = malloc((size_t)nt * a->k * cs)))
+        return -1;
+    bwd_team(kt, a, nt, parts);
+    free(parts);
+    return 0;
+}
+
+/* Roofline references, split across the team like the kernels. */
+void rms_ref_copy(void *dst, const void *src, size_t bytes, int nthreads) {
+    int nt = team_size(bytes / 4, nthreads), stream = bytes >= stream_bytes;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int t = thread_id();
+        size_t b0 = bytes * (size_t)t / (size_t)nt & ~(size_t)63;
+        size_t b1 = t + 1 == nt ? bytes : bytes * (size_t)(t + 1) / (size_t)nt & ~(size_t)63;
+        if (b1 > b0)
+            rms_copy_span((char *)dst + b0, (const char *)src + b0, b1 - b0, stream);
+    }
+}
+
+void rms_ref_triad(void *dst, const void *a, const void *b, size_t n, int f64, int nthreads) {
+    size_t es = f64 ? 8 : 4;
+    int nt = team_size(n, nthreads), stream = n * es >= stream_bytes;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int t = thread_id();
+        size_t i0 = n * (size_t)t / (size_t)nt & ~(size_t)15;
+        size_t i1 = t + 1 == nt ? n : n * (size_t)(t + 1) / (size_t)nt & ~(size_t)15;
+        if (i1 > i0)
+            rms_triad_span((char *)dst + i0 * es, (const char *)a + i0 * es,
+                           (const char *)b + i0 * es, i1 - i0, f64, stream);
+    }
+}

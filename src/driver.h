@@ -1,0 +1,56 @@
+/* The driver: the one place that owns threading. It splits the rows (or long rows themselves)
+ * across an OpenMP team and calls the kernels of the ISA table in use on each piece. */
+#ifndef RMSNORM_DRIVER_H
+#define RMSNORM_DRIVER_H
+
+#include "kernels/kernels.h"
+
+/* Forward (and residual add when r != NULL). Strides are in elements; w, rstd are in the
+ * compute type (double for F64, float otherwise); w may be NULL. */
+typedef struct {
+    int dtype, flags;
+    size_t m, k;
+    const void *x;
+    ptrdiff_t xs;
+    const void *r; /* residual, or NULL for plain rms_norm */
+    ptrdiff_t rs;
+    void *h; /* h = round(x + r); only with r */
+    ptrdiff_t hs;
+    void *y;
+    ptrdiff_t ys;
+    const void *w;
+    void *rstd;
+    double eps;
+} rms_fwd_args;
+
+/* Backward. dgamma (k entries, compute type) is NULL when there is no weight. */
+typedef struct {
+    int dtype;
+    size_t m, k;
+    const void *dy;
+    ptrdiff_t dys;
+    const void *x;
+    ptrdiff_t xs;
+    void *dx;
+    ptrdiff_t dxs;
+    const void *w;
+    const void *rstd;
+    void *dgamma;
+} rms_bwd_args;
+
+void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads);
+/* Returns 0, or -1 when the per-thread dgamma rows could not be allocated (nothing written). */
+int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads);
+
+/* Thread count: RMSNORM_NUM_THREADS, then OMP_NUM_THREADS, then the CPUs this process may use. */
+void rms_threads_init(void);
+int rms_threads_get(void);
+void rms_threads_set(int n);
+int rms_have_openmp(void);
+
+/* Roofline references for the benchmarks, threaded the same way: dst = src, and
+ * dst = a + 0.5 * b (float32 or float64). */
+void rms_ref_copy(void *dst, const void *src, size_t bytes, int nthreads);
+void rms_ref_triad(void *dst, const void *a, const void *b, size_t n, int f64, int nthreads);
+
+#endif

@@ -1,0 +1,136 @@
+/* AVX-512 (F, BW, VL, DQ) + FMA + F16C kernels. Only this file is compiled for that target; the
+ * dispatcher calls it only on CPUs (and OSes) that run it. bfloat16 is rounded with integer
+ * arithmetic rather than VCVTNEPS2BF16, which flushes subnormals and so would not match
+ * ml_dtypes bit for bit; in a memory-bound loop the three extra integer ops cost nothing. */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#endif
+
+#include <immintrin.h>
+
+#include "kernels.h"
+#include "convert.h"
+
+static inline __m512 bf16x16_load(const uint16_t *p) {
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+
+/* Round to nearest even on the integer bits; NaN becomes the canonical quiet NaN. */
+static inline __m256i bf16x16_round(__m512 v) {
+    __m512i b = _mm512_castps_si512(v);
+    __m512i hi = _mm512_srli_epi32(b, 16);
+    __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
+                                    _mm512_set1_epi32(0x7fff));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, bias), 16);
+    __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
+                                   _mm512_set1_epi32(0x7fc0));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
+    return _mm512_cvtepi32_epi16(r);
+}
+
+#define RMS_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+static inline __m512d lo_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+
+static inline __m512d hi_pd(__m512 v) {
+    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+static inline void acc_sq_ps(__m512d *l, __m512d *h, __m512 v) {
+    __m512d lo = lo_pd(v), hi = hi_pd(v);
+    *l = _mm512_fmadd_pd(lo, lo, *l);
+    *h = _mm512_fmadd_pd(hi, hi, *h);
+}
+
+static inline void acc_dot_ps(__m512d *l, __m512d *h, __m512 u, __m512 v) {
+    *l = _mm512_fmadd_pd(lo_pd(u), lo_pd(v), *l);
+    *h = _mm512_fmadd_pd(hi_pd(u), hi_pd(v), *h);
+}
+
+#define A __m512d
+#define A_ZERO _mm512_setzero_pd()
+#define A_ADD _mm512_add_pd
+#define A_SUM _mm512_reduce_add_pd
+#define V_FENCE() _mm_sfence()
+
+/* float compute: f32, f16, bf16 */
+#define W 16
+#define V __m512
+#define V_LDC(p) _mm512_loadu_ps(p)
+#define V_STC(p, v) _mm512_storeu_ps((p), (v))
+#define V_SET _mm512_set1_ps
+#define V_ADD _mm512_add_ps
+#define V_SUB _mm512_sub_ps
+#define V_MUL _mm512_mul_ps
+#define A_SQ(l, h, v) acc_sq_ps(&(l), &(h), (v))
+#define A_DOT(l, h, u, v) acc_dot_ps(&(l), &(h), (u), (v))
+
+#define RMS_DT 0
+#define RMS_SFX f32_avx512
+#define V_LD(p) _mm512_loadu_ps(p)
+#define V_ST(p, v) _mm512_storeu_ps((p), (v))
+#define V_STNT(p, v) _mm512_stream_ps((p), (v))
+#define V_STB 64
+#define V_RND(v) (v)
+#include "rows_impl.h"
+
+#define RMS_DT 2
+#define RMS_SFX f16_avx512
+#define V_LD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph((v), RMS_F16_RNE))
+#define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), _mm512_cvtps_ph((v), RMS_F16_RNE))
+#define V_STB 32
+#define V_RND(v) _mm512_cvtph_ps(_mm512_cvtps_ph((v), RMS_F16_RNE))
+#include "rows_impl.h"
+
+#define RMS_DT 3
+#define RMS_SFX bf16_avx512
+#define V_LD(p) bf16x16_load(p)
+#define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round(v))
+#define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round(v))
+#define V_STB 32
+#define V_RND(v)                                                                               \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_round(v)), 16))
+#include "rows_impl.h"
+
+/* double compute: f64 */
+#undef W
+#undef V
+#undef V_LDC
+#undef V_STC
+#undef V_SET
+#undef V_ADD
+#undef V_SUB
+#undef V_MUL
+#undef A_SQ
+#undef A_DOT
+#define W 8
+#define V __m512d
+#define V_LDC(p) _mm512_loadu_pd(p)
+#define V_STC(p, v) _mm512_storeu_pd((p), (v))
+#define V_SET _mm512_set1_pd
+#define V_ADD _mm512_add_pd
+#define V_SUB _mm512_sub_pd
+#define V_MUL _mm512_mul_pd
+#define A_SQ(l, h, v) ((l) = _mm512_fmadd_pd((v), (v), (l)))
+#define A_DOT(l, h, u, v) ((l) = _mm512_fmadd_pd((u), (v), (l)))
+
+#define RMS_DT 1
+#define RMS_SFX f64_avx512
+#define V_LD(p) _mm512_loadu_pd(p)
+#define V_ST(p, v) _mm512_storeu_pd((p), (v))
+#define V_STNT(p, v) _mm512_stream_pd((p), (v))
+#define V_STB 64
+#define V_RND(v) (v)
+#include "rows_impl.h"
+
+const rms_isa_table rms_isa_avx512 = {"avx512",
+                                      {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512),
+                                       RMS_ENTRY(f16_avx512), RMS_ENTRY(bf16_avx512)}};
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

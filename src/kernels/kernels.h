@@ -1,0 +1,63 @@
+/* The kernel interface: pure C row loops over raw buffers, one table per ISA family.
+ * No Python, no NumPy, no threads: the driver splits work and calls these on row ranges. */
+#ifndef RMSNORM_KERNELS_H
+#define RMSNORM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Storage dtypes. Compute type is double for F64 and float for the rest. */
+enum rms_dtype { RMS_F32 = 0, RMS_F64 = 1, RMS_F16 = 2, RMS_BF16 = 3, RMS_NDTYPES = 4 };
+
+/* Flags for the scaling passes. */
+enum {
+    RMS_CAST_BEFORE = 1, /* round x*rstd to the storage type before multiplying by w */
+    RMS_STREAM = 2       /* non-temporal stores for outputs larger than the cache */
+};
+
+/* A 2-D view: m rows of k contiguous elements, consecutive rows `stride` elements apart
+ * (stride may be negative). Pointers are void so one table type serves every dtype; the
+ * compute-type arrays (w, rstd, dgamma partials) are float for 16/32-bit and double for F64. */
+typedef struct {
+    /* Row loops: process rows [0, m). */
+    void (*fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, const void *w,
+                     void *rstd, size_t m, size_t k, double eps, int flags);
+    void (*add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
+                     ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd, size_t m,
+                     size_t k, double eps, int flags);
+    /* dg: a k-long partial dgamma row to accumulate into, or NULL. */
+    void (*bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
+                     ptrdiff_t dxs, const void *w, const void *rstd, void *dg, size_t m,
+                     size_t k);
+    /* Pieces of one row, for splitting a long row across threads. */
+    double (*sumsq)(const void *x, size_t n);
+    void (*scale)(const void *x, void *y, const void *w, double r, size_t n, int flags);
+    double (*add_sumsq)(const void *x, const void *r, size_t n);
+    void (*add_scale)(const void *x, const void *r, void *h, void *y, const void *w, double rs,
+                      size_t n, int flags);
+    /* Slow path for a row whose sum of squares is not finite: returns its rstd (NaN when the
+     * row holds NaN or Inf, rescaled when the squares merely overflow). r may be NULL; else the
+     * row is round(x + r) as in add_rows. */
+    double (*rescue)(const void *x, const void *r, size_t n, double eps);
+    double (*dot)(const void *dy, const void *x, const void *w, size_t n);
+    void (*bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
+                void *dg, size_t n);
+} rms_kernels;
+
+typedef struct {
+    const char *name;
+    rms_kernels k[RMS_NDTYPES];
+} rms_isa_table;
+
+extern const rms_isa_table rms_isa_scalar;
+#if defined(RMSNORM_HAVE_AVX2)
+extern const rms_isa_table rms_isa_avx2;
+#endif
+#if defined(RMSNORM_HAVE_AVX512)
+extern const rms_isa_table rms_isa_avx512;
+#endif
+#if defined(RMSNORM_HAVE_NEON)
+extern const rms_isa_table rms_isa_neon;
+#endif
+
+#endif

@@ -1,0 +1,814 @@
+/* Python glue: the only file that includes Python and NumPy. It parses arguments, validates
+ * dtypes and shapes (raising before any work starts), allocates outputs, releases the GIL and
+ * hands 2-D row views to the driver. Anything the kernels cannot address as rows of contiguous
+ * elements with one row stride (misaligned, byte-swapped, exotic strides) is copied first. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "dispatch.h"
+#include "driver.h"
+
+static int bf16_typenum = -1; /* ml_dtypes.bfloat16, registered at import when available */
+
+/* ---------------------------------------------------------------- argument parsing */
+
+static int str_eq(PyObject *u, const char *s) { return PyUnicode_CompareWithASCIIString(u, s) == 0; }
+
+/* Fills o[0..n) from positional args (at most npos) and keywords; o[i] stays NULL if absent. */
+static int parse_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                      const char *const *names, int n, int npos, int nreq, PyObject **o) {
+    if (nargs > npos) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", fn,
+                     npos, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        o[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+        int i = 0;
+        while (i < n && !str_eq(key, names[i]))
+            i++;
+        if (i == n) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fn, key);
+            return -1;
+        }
+        if (o[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fn,
+                         names[i]);
+            return -1;
+        }
+        o[i] = args[nargs + j];
+    }
+    for (int i = 0; i < nreq; i++)
+        if (!o[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fn, names[i]);
+            return -1;
+        }
+    return 0;
+}
+
+static int is_real(PyObject *v) {
+    return PyFloat_Check(v) || (PyLong_Check(v) && !PyBool_Check(v)) ||
+           PyArray_IsScalar(v, Floating) || PyArray_IsScalar(v, Integer);
+}
+
+static int parse_real(const char *fn, const char *name, PyObject *v, double dflt, double *out) {
+    if (!v) {
+        *out = dflt;
+        return 0;
+    }
+    if (!is_real(v)) {
+        PyErr_Format(PyExc_TypeError, "%s(): %s must be a real number, not %s", fn, name,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(v);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int parse_eps(const char *fn, PyObject *v, double *eps) {
+    if (parse_real(fn, "eps", v, 1e-6, eps) < 0)
+        return -1;
+    if (!isfinite(*eps) || *eps < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): eps must be finite and >= 0, got %R", fn, v);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_offset(const char *fn, PyObject *v, double *offset) {
+    if (parse_real(fn, "offset", v, 0.0, offset) < 0)
+        return -1;
+    if (!isfinite(*offset)) {
+        PyErr_Format(PyExc_ValueError, "%s(): offset must be finite, got %R", fn, v);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_cast(const char *fn, PyObject *v, int *flags) {
+    *flags = 0;
+    if (!v)
+        return 0;
+    if (!PyUnicode_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s(): cast must be a str, not %s", fn, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    if (str_eq(v, "before_weight"))
+        *flags = RMS_CAST_BEFORE;
+    else if (!str_eq(v, "end")) {
+        PyErr_Format(PyExc_ValueError, "%s(): cast must be 'end' or 'before_weight', got %R", fn,
+                     v);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- dtypes and arrays */
+
+static int dtype_code(PyArray_Descr *d) {
+    switch (d->type_num) {
+    case NPY_FLOAT:
+        return RMS_F32;
+    case NPY_DOUBLE:
+        return RMS_F64;
+    case NPY_HALF:
+        return RMS_F16;
+    default:
+        return d->type_num == bf16_typenum && bf16_typenum >= 0 ? RMS_BF16 : -1;
+    }
+}
+
+static int compute_typenum(int code) { return code == RMS_F64 ? NPY_DOUBLE : NPY_FLOAT; }
+
+static PyObject *shape_of(PyArrayObject *a, int start, int stop) {
+    PyObject *t = PyTuple_New(stop - start);
+    for (int i = start; t && i < stop; i++) {
+        PyObject *v = PyLong_FromSsize_t(PyArray_DIM(a, i));
+        if (!v) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i - start, v);
+    }
+    return t;
+}
+
+static void shape_error(const char *fn, const char *msg, const char *na, PyArrayObject *a, int a0,
+                        int a1, const char *nb, PyArrayObject *b, int b0, int b1) {
+    PyObject *sa = shape_of(a, a0, a1), *sb = shape_of(b, b0, b1);
+    if (sa && sb)
+        PyErr_Format(PyExc_ValueError, "%s(): %s: %s has shape %R but %s has shape %R", fn, msg,
+                     na, sa, nb, sb);
+    Py_XDECREF(sa);
+    Py_XDECREF(sb);
+}
+
+static int same_shape(PyArrayObject *a, int a0, int a1, PyArrayObject *b, int b0, int b1) {
+    if (a1 - a0 != b1 - b0)
+        return 0;
+    for (int i = 0; i < a1 - a0; i++)
+        if (PyArray_DIM(a, a0 + i) != PyArray_DIM(b, b0 + i))
+            return 0;
+    return 1;
+}
+
+/* A native, aligned float array for an argument (new reference). Array-likes that are not
+ * ndarrays are converted; integer ones become float64. Unsupported dtypes raise TypeError. */
+static PyArrayObject *as_float_array(const char *fn, const char *name, PyObject *o, int *code) {
+    PyArrayObject *a;
+    if (PyArray_Check(o)) {
+        a = (PyArrayObject *)o;
+        Py_INCREF(a);
+    } else {
+        a = (PyArrayObject *)PyArray_FromAny(o, NULL, 0, 0, 0, NULL);
+        if (!a)
+            return NULL;
+        if (PyTypeNum_ISINTEGER(PyArray_TYPE(a))) {
+            PyArrayObject *f = (PyArrayObject *)PyArray_Cast(a, NPY_DOUBLE);
+            Py_SETREF(a, f);
+            if (!a)
+                return NULL;
+        }
+    }
+    *code = dtype_code(PyArray_DESCR(a));
+    if (*code < 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): %s has unsupported dtype %S; expected float16, bfloat16, float32 or "
+                     "float64",
+                     fn, name, (PyObject *)PyArray_DESCR(a));
+        Py_DECREF(a);
+        return NULL;
+    }
+    if (PyArray_ISALIGNED(a) && PyArray_ISNOTSWAPPED(a))
+        return a;
+    PyArray_Descr *d = PyArray_DescrFromType(PyArray_TYPE(a)); /* native byte order */
+    PyArrayObject *c = (PyArrayObject *)PyArray_FromAny((PyObject *)a, d, 0, 0,
+                                                        NPY_ARRAY_ALIGNED, NULL);
+    Py_DECREF(a);
+    return c;
+}
+
+/* Rows of k contiguous elements, one row stride apart: how the kernels see an array whose
+ * last (ndim - nlead) axes are normalized. */
+typedef struct {
+    char *data;
+    size_t m, k;
+    ptrdiff_t rs; /* elements */
+} rows2d;
+
+static int rows_of(PyArrayObject *a, int nlead, rows2d *v) {
+    int nd = PyArray_NDIM(a);
+    npy_intp *sh = PyArray_DIMS(a), *st = PyArray_STRIDES(a), es = PyArray_ITEMSIZE(a);
+    npy_intp expect = es, rs = 0, next = 0;
+    size_t m = 1, k = 1;
+    if (PyArray_SIZE(a) == 0) { /* no rows to touch: strides do not matter */
+        for (int i = 0; i < nd; i++)
+            *(i < nlead ? &m : &k) *= (size_t)sh[i];
+        *v = (rows2d){PyArray_BYTES(a), m, k, (ptrdiff_t)k};
+        return 1;
+    }
+    for (int i = nd - 1; i >= nlead; i--) {
+        if (sh[i] != 1 && st[i] != expect)
+            return 0;
+        expect *= sh[i];
+        k *= (size_t)sh[i];
+    }
+    int found = 0;
+    rs = expect;
+    for (int i = nlead - 1; i >= 0; i--) {
+        m *= (size_t)sh[i];
+        if (sh[i] == 1)
+            continue;
+        if (found && st[i] != next)
+            return 0;
+        if (!found)
+            rs = st[i];
+        found = 1;
+        next = st[i] * sh[i];
+    }
+    if (rs % es)
+        return 0;
+    *v = (rows2d){PyArray_BYTES(a), m, k, (ptrdiff_t)(rs / es)};
+    return 1;
+}
+
+/* rows_of, copying the input to C order first when its layout does not allow it. */
+static int input_rows(PyArrayObject **a, int nlead, rows2d *v) {
+    if (rows_of(*a, nlead, v))
+        return 0;
+    PyArrayObject *c = (PyArrayObject *)PyArray_NewCopy(*a, NPY_CORDER);
+    if (!c)
+        return -1;
+    Py_SETREF(*a, c);
+    return rows_of(*a, nlead, v) ? 0 : -1;
+}
+
+static void extent(PyArrayObject *a, char **lo, char **hi) {
+    char *l = PyArray_BYTES(a), *h = l;
+    for (int i = 0; i < PyArray_NDIM(a); i++) {
+        npy_intp span = PyArray_STRIDE(a, i) * (PyArray_DIM(a, i) - 1);
+        if (span < 0)
+            l += span;
+        else
+            h += span;
+    }
+    *lo = l;
+    *hi = h + PyArray_ITEMSIZE(a);
+}
+
+static int same_view(PyArrayObject *a, PyArrayObject *b) {
+    if (PyArray_BYTES(a) != PyArray_BYTES(b) || PyArray_NDIM(a) != PyArray_NDIM(b) ||
+        PyArray_TYPE(a) != PyArray_TYPE(b))
+        return 0;
+    for (int i = 0; i < PyArray_NDIM(a); i++)
+        if (PyArray_DIM(a, i) != PyArray_DIM(b, i) ||
+            (PyArray_DIM(a, i) > 1 && PyArray_STRIDE(a, i) != PyArray_STRIDE(b, i)))
+            return 0;
+    return 1;
+}
+
+/* True when the user's output partially overlaps an input (the same view is fine). */
+static int bad_overlap(PyArrayObject *out, PyObject *in) {
+    if (!in || !PyArray_Check(in) || PyArray_SIZE(out) == 0 || PyArray_SIZE((PyArrayObject *)in) == 0)
+        return 0;
+    PyArrayObject *b = (PyArrayObject *)in;
+    if (same_view(out, b))
+        return 0;
+    char *l1, *h1, *l2, *h2;
+    extent(out, &l1, &h1);
+    extent(b, &l2, &h2);
+    return l1 < h2 && l2 < h1;
+}
+
+/* An output: the user's array when the kernels can write it directly, else a C-order temporary
+ * copied into it at the end. */
+typedef struct {
+    PyArrayObject *user, *arr;
+    rows2d v;
+} outbuf;
+
+static int check_out(const char *fn, const char *name, PyObject *o, PyArrayObject *like,
+                     const char *like_name) {
+    if (!PyArray_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s(): %s must be a numpy.ndarray, not %s", fn, name,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (PyArray_TYPE(a) != PyArray_TYPE(like)) {
+        PyErr_Format(PyExc_TypeError, "%s(): %s has dtype %S but %s has dtype %S", fn, name,
+                     (PyObject *)PyArray_DESCR(a), like_name, (PyObject *)PyArray_DESCR(like));
+        return -1;
+    }
+    if (!same_shape(a, 0, PyArray_NDIM(a), like, 0, PyArray_NDIM(like))) {
+        shape_error(fn, "shape mismatch", name, a, 0, PyArray_NDIM(a), like_name, like, 0,
+                    PyArray_NDIM(like));
+        return -1;
+    }
+    if (!PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %s is read-only", fn, name);
+        return -1;
+    }
+    return 0;
+}
+
+static int open_out(PyObject *o, PyArrayObject *like, int nlead, outbuf *b) {
+    b->user = (PyArrayObject *)o;
+    if (o && PyArray_ISALIGNED(b->user) && PyArray_ISNOTSWAPPED(b->user) &&
+        rows_of(b->user, nlead, &b->v)) {
+        Py_INCREF(o);
+        b->arr = b->user;
+        return 0;
+    }
+    PyArray_Descr *d = PyArray_DESCR(like);
+    Py_INCREF(d);
+    b->arr = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, PyArray_NDIM(like),
+                                                   PyArray_DIMS(like), NULL, NULL, 0, NULL);
+    return b->arr && rows_of(b->arr, nlead, &b->v) ? 0 : -1;
+}
+
+/* Returns a new reference to the array to hand back, after copying a temporary into the user's. */
+static PyObject *close_out(outbuf *b) {
+    if (b->user && b->arr != b->user && PyArray_CopyInto(b->user, b->arr) < 0)
+        return NULL;
+    PyObject *r = (PyObject *)(b->user ? b->user : b->arr);
+    Py_INCREF(r);
+    return r;
+}
+
+/* gamma checked against x: returns the number of leading (row) axes of x, or -1. */
+static int check_gamma(const char *fn, PyArrayObject *x, PyArrayObject *g) {
+    int nx = PyArray_NDIM(x), ng = g ? PyArray_NDIM(g) : 1;
+    if (g && (ng == 0 || ng > nx || !same_shape(g, 0, ng, x, nx - ng, nx))) {
+        shape_error(fn, "gamma must match the trailing axes of x", "gamma", g, 0, ng, "x", x, 0,
+                    nx);
+        return -1;
+    }
+    int nlead = nx - ng;
+    npy_intp k = 1;
+    for (int i = nlead; i < nx; i++)
+        k *= PyArray_DIM(x, i);
+    if (k == 0) {
+        PyObject *s = shape_of(x, 0, nx);
+        if (s)
+            PyErr_Format(PyExc_ValueError,
+                         "%s(): the normalized axes of x (shape %R) have no elements", fn, s);
+        Py_XDECREF(s);
+        return -1;
+    }
+    return nlead;
+}
+
+static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
+    PyArrayObject *x = as_float_array(fn, "x", o, code);
+    if (x && PyArray_NDIM(x) == 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): x must have at least 1 dimension, got a 0-d array",
+                     fn);
+        Py_CLEAR(x);
+    }
+    return x;
+}
+
+/* offset + gamma as a contiguous array of the compute type, or NULL with *w = NULL for none. */
+static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int code, double offset,
+                        PyArrayObject **g, PyArrayObject **w) {
+    int gcode;
+    *g = *w = NULL;
+    if (!gobj || gobj == Py_None)
+        return check_gamma(fn, x, NULL);
+    if (!(*g = as_float_array(fn, "gamma", gobj, &gcode)))
+        return -1;
+    int nlead = check_gamma(fn, x, *g);
+    if (nlead < 0)
+        return -1;
+    int tn = compute_typenum(code);
+    int flags = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST;
+    if (offset != 0.0)
+        flags |= NPY_ARRAY_ENSURECOPY;
+    *w = (PyArrayObject *)PyArray_FromAny((PyObject *)*g, PyArray_DescrFromType(tn), 0, 0, flags,
+                                          NULL);
+    if (!*w)
+        return -1;
+    if (offset != 0.0) {
+        npy_intp n = PyArray_SIZE(*w);
+        if (tn == NPY_DOUBLE)
+            for (npy_intp i = 0; i < n; i++)
+                ((double *)PyArray_DATA(*w))[i] += offset;
+        else
+            for (npy_intp i = 0; i < n; i++)
+                ((float *)PyArray_DATA(*w))[i] += (float)offset;
+    }
+    return nlead;
+}
+
+static PyArrayObject *new_array(int nd, npy_intp *dims, int typenum) {
+    return (PyArrayObject *)PyArray_EMPTY(nd, dims, typenum, 0);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static PyObject *forward(const char *fn, PyObject *xo, PyObject *ro, PyObject *go, PyObject *epso,
+                         PyObject *offo, PyObject *casto, PyObject *outo, PyObject *hout) {
+    PyArrayObject *x = NULL, *r = NULL, *g = NULL, *w = NULL, *rstd = NULL;
+    outbuf y = {0}, h = {0};
+    PyObject *ret = NULL, *yret = NULL, *hret = NULL;
+    double eps, offset;
+    int code, rcode, flags;
+    if (parse_eps(fn, epso, &eps) < 0 || parse_offset(fn, offo, &offset) < 0 ||
+        parse_cast(fn, casto, &flags) < 0 || !(x = check_x(fn, xo, &code)))
+        goto fail;
+    if (ro) {
+        if (!(r = as_float_array(fn, "residual", ro, &rcode)))
+            goto fail;
+        if (rcode != code) {
+            PyErr_Format(PyExc_TypeError, "%s(): residual has dtype %S but x has dtype %S", fn,
+                         (PyObject *)PyArray_DESCR(r), (PyObject *)PyArray_DESCR(x));
+            goto fail;
+        }
+        if (!same_shape(r, 0, PyArray_NDIM(r), x, 0, PyArray_NDIM(x))) {
+            shape_error(fn, "shape mismatch", "residual", r, 0, PyArray_NDIM(r), "x", x, 0,
+                        PyArray_NDIM(x));
+            goto fail;
+        }
+    }
+    int nlead = make_weights(fn, go, x, code, offset, &g, &w);
+    if (nlead < 0)
+        goto fail;
+    if (outo && outo != Py_None) {
+        if (check_out(fn, "out", outo, x, "x") < 0)
+            goto fail;
+        if (bad_overlap((PyArrayObject *)outo, xo) || bad_overlap((PyArrayObject *)outo, ro)) {
+            PyErr_Format(PyExc_ValueError, "%s(): out overlaps an input without being it", fn);
+            goto fail;
+        }
+    } else
+        outo = NULL;
+    if (hout && hout != Py_None) {
+        if (check_out(fn, "residual_out", hout, x, "x") < 0)
+            goto fail;
+        if (bad_overlap((PyArrayObject *)hout, xo) || bad_overlap((PyArrayObject *)hout, ro) ||
+            (outo && (bad_overlap((PyArrayObject *)hout, outo) ||
+                      same_view((PyArrayObject *)hout, (PyArrayObject *)outo)))) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s(): residual_out overlaps an input or out without being that input",
+                         fn);
+            goto fail;
+        }
+    } else
+        hout = NULL;
+
+    rows2d xv, rv = {0};
+    if (input_rows(&x, nlead, &xv) < 0 || (r && input_rows(&r, nlead, &rv) < 0))
+        goto fail;
+    if (open_out(outo, x, nlead, &y) < 0 || (r && open_out(hout, x, nlead, &h) < 0))
+        goto fail;
+    if (!(rstd = new_array(nlead, PyArray_DIMS(x), compute_typenum(code))))
+        goto fail;
+
+    rms_fwd_args a = {code, flags, xv.m, xv.k, xv.data, xv.rs, r ? rv.data : NULL, rv.rs,
+                      h.arr ? h.v.data : NULL, h.v.rs, y.v.data, y.v.rs,
+                      w ? PyArray_DATA(w) : NULL, PyArray_DATA(rstd), eps};
+    const rms_kernels *kt = &rms_isa_current()->k[code];
+    int nthreads = rms_threads_get();
+    Py_BEGIN_ALLOW_THREADS
+    rms_forward(kt, &a, nthreads);
+    Py_END_ALLOW_THREADS
+
+    if (!(yret = close_out(&y)) || (r && !(hret = close_out(&h))))
+        goto fail;
+    ret = r ? PyTuple_Pack(3, yret, (PyObject *)rstd, hret)
+            : PyTuple_Pack(2, yret, (PyObject *)rstd);
+fail:
+    Py_XDECREF(x);
+    Py_XDECREF(r);
+    Py_XDECREF(g);
+    Py_XDECREF(w);
+    Py_XDECREF(rstd);
+    Py_XDECREF(y.arr);
+    Py_XDECREF(h.arr);
+    Py_XDECREF(yret);
+    Py_XDECREF(hret);
+    return ret;
+}
+
+static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames) {
+    static const char *const names[] = {"x", "gamma", "eps", "offset", "cast", "out"};
+    PyObject *o[6] = {0};
+    (void)self;
+    if (parse_args("rms_norm", args, nargs, kwnames, names, 6, 3, 1, o) < 0)
+        return NULL;
+    return forward("rms_norm", o[0], NULL, o[1], o[2], o[3], o[4], o[5], NULL);
+}
+
+static PyObject *py_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames) {
+    static const char *const names[] = {"x",      "residual", "gamma", "eps",
+                                        "offset", "cast",     "out",   "residual_out"};
+    PyObject *o[8] = {0};
+    (void)self;
+    if (parse_args("add_rms_norm", args, nargs, kwnames, names, 8, 4, 2, o) < 0)
+        return NULL;
+    return forward("add_rms_norm", o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames) {
+    static const char *const names[] = {"dy", "x", "gamma", "rstd", "offset", "out"};
+    static const char *fn = "rms_norm_backward";
+    PyObject *o[6] = {0};
+    PyArrayObject *dy = NULL, *x = NULL, *g = NULL, *w = NULL, *rs = NULL, *dgc = NULL;
+    outbuf dx = {0};
+    PyObject *ret = NULL, *dxret = NULL, *dgret = NULL;
+    double offset;
+    int code, dycode, rcode;
+    (void)self;
+    if (parse_args(fn, args, nargs, kwnames, names, 6, 4, 4, o) < 0 ||
+        parse_offset(fn, o[4], &offset) < 0 || !(x = check_x(fn, o[1], &code)) ||
+        !(dy = as_float_array(fn, "dy", o[0], &dycode)))
+        goto fail;
+    if (dycode != code) {
+        PyErr_Format(PyExc_TypeError, "%s(): dy has dtype %S but x has dtype %S", fn,
+                     (PyObject *)PyArray_DESCR(dy), (PyObject *)PyArray_DESCR(x));
+        goto fail;
+    }
+    if (!same_shape(dy, 0, PyArray_NDIM(dy), x, 0, PyArray_NDIM(x))) {
+        shape_error(fn, "shape mismatch", "dy", dy, 0, PyArray_NDIM(dy), "x", x, 0,
+                    PyArray_NDIM(x));
+        goto fail;
+    }
+    int nlead = make_weights(fn, o[2], x, code, offset, &g, &w);
+    if (nlead < 0 || !(rs = as_float_array(fn, "rstd", o[3], &rcode)))
+        goto fail;
+    if (rcode != (code == RMS_F64 ? RMS_F64 : RMS_F32)) {
+        PyErr_Format(PyExc_TypeError, "%s(): rstd has dtype %S but must be %s for x of dtype %S",
+                     fn, (PyObject *)PyArray_DESCR(rs), code == RMS_F64 ? "float64" : "float32",
+                     (PyObject *)PyArray_DESCR(x));
+        goto fail;
+    }
+    if (!same_shape(rs, 0, PyArray_NDIM(rs), x, 0, nlead)) {
+        shape_error(fn, "rstd must have the leading (row) shape of x", "rstd", rs, 0,
+                    PyArray_NDIM(rs), "x", x, 0, PyArray_NDIM(x));
+        goto fail;
+    }
+    PyObject *outo = o[5] && o[5] != Py_None ? o[5] : NULL;
+    if (outo) {
+        if (check_out(fn, "out", outo, x, "x") < 0)
+            goto fail;
+        if (bad_overlap((PyArrayObject *)outo, o[0]) || bad_overlap((PyArrayObject *)outo, o[1])) {
+            PyErr_Format(PyExc_ValueError, "%s(): out overlaps an input without being it", fn);
+            goto fail;
+        }
+    }
+    Py_SETREF(rs, (PyArrayObject *)PyArray_FromAny((PyObject *)rs, NULL, 0, 0,
+                                                   NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED,
+                                                   NULL));
+    rows2d xv, dyv;
+    if (!rs || input_rows(&x, nlead, &xv) < 0 || input_rows(&dy, nlead, &dyv) < 0 ||
+        open_out(outo, x, nlead, &dx) < 0)
+        goto fail;
+    if (g && !(dgc = new_array(PyArray_NDIM(g), PyArray_DIMS(g), compute_typenum(code))))
+        goto fail;
+
+    rms_bwd_args a = {code,       xv.m,    xv.k,     dyv.data,
+                      dyv.rs,     xv.data, xv.rs,    dx.v.data,
+                      dx.v.rs,    w ? PyArray_DATA(w) : NULL, PyArray_DATA(rs),
+                      dgc ? PyArray_DATA(dgc) : NULL};
+    const rms_kernels *kt = &rms_isa_current()->k[code];
+    int nthreads = rms_threads_get(), rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rms_backward(kt, &a, nthreads);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    if (!(dxret = close_out(&dx)))
+        goto fail;
+    if (!g) {
+        dgret = Py_None;
+        Py_INCREF(dgret);
+    } else if (PyArray_TYPE(g) == PyArray_TYPE(dgc)) {
+        dgret = (PyObject *)dgc;
+        Py_INCREF(dgret);
+    } else if (!(dgret = PyArray_CastToType(dgc, PyArray_DescrFromType(PyArray_TYPE(g)), 0)))
+        goto fail;
+    ret = PyTuple_Pack(2, dxret, dgret);
+fail:
+    Py_XDECREF(dy);
+    Py_XDECREF(x);
+    Py_XDECREF(g);
+    Py_XDECREF(w);
+    Py_XDECREF(rs);
+    Py_XDECREF(dgc);
+    Py_XDECREF(dx.arr);
+    Py_XDECREF(dxret);
+    Py_XDECREF(dgret);
+    return ret;
+}
+
+/* ---------------------------------------------------------------- runtime controls */
+
+static PyObject *py_get_num_threads(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(rms_threads_get());
+}
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyLong_Check(arg) || PyBool_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "set_num_threads(): n must be an int, not %s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1) {
+        PyErr_Format(PyExc_ValueError, "set_num_threads(): n must be >= 1, got %ld", n);
+        return NULL;
+    }
+    rms_threads_set(n > 1 << 20 ? 1 << 20 : (int)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(rms_isa_current()->name);
+}
+
+static PyObject *py_available_isas(PyObject *self, PyObject *unused) {
+    const rms_isa_table *t[RMS_MAX_ISAS];
+    int n = rms_isa_list(t);
+    (void)self;
+    (void)unused;
+    PyObject *l = PyList_New(n);
+    for (int i = 0; l && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(t[i]->name);
+        if (!s) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, s);
+    }
+    return l;
+}
+
+static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyUnicode_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "set_isa(): name must be a str, not %s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name)
+        return NULL;
+    const rms_isa_table *t = rms_isa_find(name);
+    if (!t) {
+        PyObject *avail = py_available_isas(NULL, NULL);
+        if (avail)
+            PyErr_Format(PyExc_ValueError, "set_isa(): %R is not available here; choose from %R",
+                         arg, avail);
+        Py_XDECREF(avail);
+        return NULL;
+    }
+    rms_isa_select(t);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_have_openmp(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyBool_FromLong(rms_have_openmp());
+}
+
+/* ---------------------------------------------------------------- roofline references */
+
+static int ref_arrays(const char *fn, PyObject *const *args, Py_ssize_t nargs, int n,
+                      PyArrayObject **a) {
+    if (nargs != n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %d arrays", fn, n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        a[i] = (PyArrayObject *)args[i];
+        if (!PyArray_Check(args[i]) || !PyArray_IS_C_CONTIGUOUS(a[i]) ||
+            PyArray_NBYTES(a[i]) != PyArray_NBYTES(a[0]) || PyArray_TYPE(a[i]) != PyArray_TYPE(a[0])) {
+            PyErr_Format(PyExc_ValueError, "%s(): arrays must be C-contiguous, of one dtype and size",
+                         fn);
+            return -1;
+        }
+    }
+    if (!PyArray_ISWRITEABLE(a[n - 1])) {
+        PyErr_Format(PyExc_ValueError, "%s(): the destination is read-only", fn);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyArrayObject *a[2];
+    (void)self;
+    if (ref_arrays("copy", args, nargs, 2, a) < 0)
+        return NULL;
+    int nthreads = rms_threads_get();
+    Py_BEGIN_ALLOW_THREADS
+    rms_ref_copy(PyArray_DATA(a[1]), PyArray_DATA(a[0]), (size_t)PyArray_NBYTES(a[0]), nthreads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_triad(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyArrayObject *a[3];
+    (void)self;
+    if (ref_arrays("triad", args, nargs, 3, a) < 0)
+        return NULL;
+    int tn = PyArray_TYPE(a[0]);
+    if (tn != NPY_FLOAT && tn != NPY_DOUBLE) {
+        PyErr_SetString(PyExc_TypeError, "triad(): arrays must be float32 or float64");
+        return NULL;
+    }
+    int nthreads = rms_threads_get();
+    Py_BEGIN_ALLOW_THREADS
+    rms_ref_triad(PyArray_DATA(a[2]), PyArray_DATA(a[0]), PyArray_DATA(a[1]),
+                  (size_t)PyArray_SIZE(a[0]), tn == NPY_DOUBLE, nthreads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- module */
+
+#define KW (METH_FASTCALL | METH_KEYWORDS)
+static PyMethodDef methods[] = {
+    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, KW,
+     "rms_norm(x, gamma=None, eps=1e-6, *, offset=0.0, cast='end', out=None) -> (y, rstd)\n\n"
+     "RMSNorm over the trailing gamma.ndim axes of x (the last axis when gamma is None):\n"
+     "rstd = 1/sqrt(mean(x**2) + eps), y = x * rstd * (offset + gamma), rounded once to x.dtype\n"
+     "(cast='before_weight' rounds x * rstd first). rstd is float32 (float64 for float64 x)."},
+    {"add_rms_norm", (PyCFunction)(void (*)(void))py_add_rms_norm, KW,
+     "add_rms_norm(x, residual, gamma=None, eps=1e-6, *, offset=0.0, cast='end', out=None,\n"
+     "             residual_out=None) -> (y, rstd, h)\n\n"
+     "Fused residual add: h = x + residual rounded to x.dtype, then y, rstd = rms_norm(h, ...),\n"
+     "in one pass over memory. residual_out=residual updates the residual stream in place."},
+    {"rms_norm_backward", (PyCFunction)(void (*)(void))py_rms_norm_backward, KW,
+     "rms_norm_backward(dy, x, gamma, rstd, *, offset=0.0, out=None) -> (dx, dgamma)\n\n"
+     "Gradients of rms_norm given the saved rstd. dx has x's dtype (out=dy reuses dy's buffer);\n"
+     "dgamma is accumulated in float32 (float64 for float64 x) and returned in gamma's dtype,\n"
+     "or None when gamma is None."},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS,
+     "get_num_threads() -> int: threads the kernels may use."},
+    {"set_num_threads", py_set_num_threads, METH_O,
+     "set_num_threads(n): threads the kernels may use (n >= 1); OpenMP's global state is untouched."},
+    {"isa", py_isa, METH_NOARGS, "isa() -> str: the kernel family in use."},
+    {"available_isas", py_available_isas, METH_NOARGS,
+     "available_isas() -> list[str]: kernel families this CPU and build can run, best first."},
+    {"set_isa", py_set_isa, METH_O, "set_isa(name): switch the kernel family (ValueError if unavailable)."},
+    {"have_openmp", py_have_openmp, METH_NOARGS, "have_openmp() -> bool: built with OpenMP."},
+    {"copy", (PyCFunction)(void (*)(void))py_copy, METH_FASTCALL,
+     "copy(src, dst): threaded copy of contiguous arrays (roofline reference for benchmarks)."},
+    {"triad", (PyCFunction)(void (*)(void))py_triad, METH_FASTCALL,
+     "triad(a, b, dst): dst = a + 0.5*b, threaded (roofline reference for benchmarks)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_core",
+                                       "RMSNorm kernels for NumPy arrays.", -1, methods,
+                                       NULL, NULL, NULL, NULL};
+
+/* bfloat16 comes from ml_dtypes; without it the other dtypes still work. */
+static void find_bfloat16(void) {
+    PyObject *mod = PyImport_ImportModule("ml_dtypes");
+    if (!mod) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *type = PyObject_GetAttrString(mod, "bfloat16");
+    PyArray_Descr *d = NULL;
+    if (type && PyArray_DescrConverter(type, &d) == NPY_SUCCEED) {
+        bf16_typenum = d->type_num;
+        Py_DECREF(d);
+    }
+    PyErr_Clear();
+    Py_XDECREF(type);
+    Py_DECREF(mod);
+}
+
+PyMODINIT_FUNC PyInit__core(void) {
+    import_array();
+    rms_dispatch_init();
+    rms_threads_init();
+    find_bfloat16();
+    return PyModule_Create(&moduledef);
+}
