@@ -32,18 +32,9 @@ static inline __m128i bf16x8_round(__m256 v) {
 
 #define RMS_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
-static inline void acc_sq_ps(__m256d *l, __m256d *h, __m256 v) {
-    __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
-    __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
-    *l = _mm256_fmadd_pd(lo, lo, *l);
-    *h = _mm256_fmadd_pd(hi, hi, *h);
-}
-
-static inline void acc_dot_ps(__m256d *l, __m256d *h, __m256 u, __m256 v) {
-    *l = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(u)),
-                         _mm256_cvtps_pd(_mm256_castps256_ps128(v)), *l);
-    *h = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(u, 1)),
-                         _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), *h);
+static inline void widen_ps(__m256d *l, __m256d *h, __m256 v) {
+    *l = _mm256_add_pd(*l, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    *h = _mm256_add_pd(*h, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
 }
 
 static inline double hsum_pd(__m256d a) {
@@ -66,8 +57,8 @@ static inline double hsum_pd(__m256d a) {
 #define V_ADD _mm256_add_ps
 #define V_SUB _mm256_sub_ps
 #define V_MUL _mm256_mul_ps
-#define A_SQ(l, h, v) acc_sq_ps(&(l), &(h), (v))
-#define A_DOT(l, h, u, v) acc_dot_ps(&(l), &(h), (u), (v))
+#define V_FMA _mm256_fmadd_ps
+#define A_WIDEN(l, h, v) widen_ps(&(l), &(h), (v))
 
 #define RMS_DT 0
 #define RMS_SFX f32_avx2
@@ -105,8 +96,8 @@ static inline double hsum_pd(__m256d a) {
 #undef V_ADD
 #undef V_SUB
 #undef V_MUL
-#undef A_SQ
-#undef A_DOT
+#undef V_FMA
+#undef A_WIDEN
 #define W 4
 #define V __m256d
 #define V_LDC(p) _mm256_loadu_pd(p)
@@ -115,8 +106,8 @@ static inline double hsum_pd(__m256d a) {
 #define V_ADD _mm256_add_pd
 #define V_SUB _mm256_sub_pd
 #define V_MUL _mm256_mul_pd
-#define A_SQ(l, h, v) ((l) = _mm256_fmadd_pd((v), (v), (l)))
-#define A_DOT(l, h, u, v) ((l) = _mm256_fmadd_pd((u), (v), (l)))
+#define V_FMA _mm256_fmadd_pd
+#define A_WIDEN(l, h, v) ((l) = _mm256_add_pd((l), (v)))
 
 #define RMS_DT 1
 #define RMS_SFX f64_avx2

@@ -39,15 +39,9 @@ static inline __m512d hi_pd(__m512 v) {
     return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
-static inline void acc_sq_ps(__m512d *l, __m512d *h, __m512 v) {
-    __m512d lo = lo_pd(v), hi = hi_pd(v);
-    *l = _mm512_fmadd_pd(lo, lo, *l);
-    *h = _mm512_fmadd_pd(hi, hi, *h);
-}
-
-static inline void acc_dot_ps(__m512d *l, __m512d *h, __m512 u, __m512 v) {
-    *l = _mm512_fmadd_pd(lo_pd(u), lo_pd(v), *l);
-    *h = _mm512_fmadd_pd(hi_pd(u), hi_pd(v), *h);
+static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
+    *l = _mm512_add_pd(*l, lo_pd(v));
+    *h = _mm512_add_pd(*h, hi_pd(v));
 }
 
 #define A __m512d
@@ -65,8 +59,8 @@ static inline void acc_dot_ps(__m512d *l, __m512d *h, __m512 u, __m512 v) {
 #define V_ADD _mm512_add_ps
 #define V_SUB _mm512_sub_ps
 #define V_MUL _mm512_mul_ps
-#define A_SQ(l, h, v) acc_sq_ps(&(l), &(h), (v))
-#define A_DOT(l, h, u, v) acc_dot_ps(&(l), &(h), (u), (v))
+#define V_FMA _mm512_fmadd_ps
+#define A_WIDEN(l, h, v) widen_ps(&(l), &(h), (v))
 
 #define RMS_DT 0
 #define RMS_SFX f32_avx512
@@ -105,8 +99,8 @@ static inline void acc_dot_ps(__m512d *l, __m512d *h, __m512 u, __m512 v) {
 #undef V_ADD
 #undef V_SUB
 #undef V_MUL
-#undef A_SQ
-#undef A_DOT
+#undef V_FMA
+#undef A_WIDEN
 #define W 8
 #define V __m512d
 #define V_LDC(p) _mm512_loadu_pd(p)
@@ -115,8 +109,8 @@ static inline void acc_dot_ps(__m512d *l, __m512d *h, __m512 u, __m512 v) {
 #define V_ADD _mm512_add_pd
 #define V_SUB _mm512_sub_pd
 #define V_MUL _mm512_mul_pd
-#define A_SQ(l, h, v) ((l) = _mm512_fmadd_pd((v), (v), (l)))
-#define A_DOT(l, h, u, v) ((l) = _mm512_fmadd_pd((u), (v), (l)))
+#define V_FMA _mm512_fmadd_pd
+#define A_WIDEN(l, h, v) ((l) = _mm512_add_pd((l), (v)))
 
 #define RMS_DT 1
 #define RMS_SFX f64_avx512

@@ -7,10 +7,13 @@
  *   V_STNT(p, v), V_STB  non-temporal store, and its required alignment in bytes
  *   V_RND(v)             round V through the storage type and back (identity for f32 / f64)
  *   V_LDC, V_STC, V_SET, V_ADD, V_SUB, V_MUL, V_FENCE()   compute-type vector helpers
- *   A, A_ZERO, A_SQ(l, h, v), A_DOT(l, h, u, v), A_ADD, A_SUM   float64 accumulators
- * Sums of squares and dot products are accumulated in float64 with eight independent
- * accumulators: it hides FMA latency and makes the sum far more accurate than the float32 the
- * result is stored in. Tails go through a zero-padded stack vector, so any length works. */
+ *   V_FMA(a, b, c)       a * b + c
+ *   A, A_ZERO, A_ADD, A_SUM   float64 accumulators (two per compute vector when C is float)
+ *   A_WIDEN(l, h, v)     l, h += v widened to float64 (l += v when C is double)
+ * Row sums end in float64: short runs of compute-type FMAs in several independent accumulators
+ * (hiding FMA latency) are flushed into float64 before they can lose accuracy, so the sum is
+ * far more accurate than the float32 the result is stored in. Tails go through a zero-padded
+ * stack vector, so any length works. */
 
 #include <math.h>
 #include <string.h>
@@ -24,6 +27,8 @@
 #define RMS_CAT_(a, b) a##_##b
 #define RMS_CAT(a, b) RMS_CAT_(a, b)
 #define RMS_INLINE static inline __attribute__((always_inline))
+#define RMS_PREFETCH(p) __builtin_prefetch((p), 0, 2)
+enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW };
 /* The table row for one dtype of one ISA. */
 #define RMS_ENTRY(sfx)                                                                         \
     {                                                                                          \
@@ -63,32 +68,73 @@
         memcpy((buf), (src), (n) * sizeof((buf)[0]));                                          \
     } while (0)
 
-static double FN(sumsq)(const void *xv, size_t n) {
-    const T *x = (const T *)xv;
-    A a0 = A_ZERO, a1 = A_ZERO, a2 = A_ZERO, a3 = A_ZERO;
-    A a4 = A_ZERO, a5 = A_ZERO, a6 = A_ZERO, a7 = A_ZERO;
+/* The row reductions (RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW): sum of squares of x, of
+ * h = round(x + r), and sum(dy * w * x). The two factors of element i's term: */
+RMS_INLINE void FN(factors)(const T *a, const T *b, const C *w, size_t i, const int kind, V *u,
+                            V *v) {
+    if (kind == RMS_SQ) {
+        *u = *v = V_LD(a + i);
+    } else if (kind == RMS_ADDSQ) {
+        *u = *v = V_RND(V_ADD(V_LD(a + i), V_LD(b + i)));
+    } else {
+        *u = kind == RMS_DOTW ? V_MUL(V_LD(a + i), V_LDC(w + i)) : V_LD(a + i);
+        *v = V_LD(b + i);
+    }
+}
+
+/* Four compute-type accumulators, flushed into float64 every RMS_BLOCK vectors so that each
+ * float32 lane adds at most a few terms before the wide sum. */
+#define RMS_BLOCK 32
+
+RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, size_t n, const int kind) {
+    A l0 = A_ZERO, h0 = A_ZERO, l1 = A_ZERO, h1 = A_ZERO;
+    V u0, v0, u1, v1, u2, v2, u3, v3;
     size_t i = 0;
-    for (; i + 4 * W <= n; i += 4 * W) {
-        A_SQ(a0, a1, V_LD(x + i));
-        A_SQ(a2, a3, V_LD(x + i + W));
-        A_SQ(a4, a5, V_LD(x + i + 2 * W));
-        A_SQ(a6, a7, V_LD(x + i + 3 * W));
+    while (i + 4 * W <= n) {
+        V a0 = V_SET((C)0), a1 = a0, a2 = a0, a3 = a0;
+        size_t stop = n - i >= RMS_BLOCK * W ? i + RMS_BLOCK * W : n;
+        for (; i + 4 * W <= stop; i += 4 * W) {
+            FN(factors)(a, b, w, i, kind, &u0, &v0);
+            FN(factors)(a, b, w, i + W, kind, &u1, &v1);
+            FN(factors)(a, b, w, i + 2 * W, kind, &u2, &v2);
+            FN(factors)(a, b, w, i + 3 * W, kind, &u3, &v3);
+            a0 = V_FMA(u0, v0, a0);
+            a1 = V_FMA(u1, v1, a1);
+            a2 = V_FMA(u2, v2, a2);
+            a3 = V_FMA(u3, v3, a3);
+        }
+        A_WIDEN(l0, h0, V_ADD(a0, a1));
+        A_WIDEN(l1, h1, V_ADD(a2, a3));
     }
-    for (; i + W <= n; i += W)
-        A_SQ(a0, a1, V_LD(x + i));
+    for (; i + W <= n; i += W) {
+        FN(factors)(a, b, w, i, kind, &u0, &v0);
+        A_WIDEN(l0, h0, V_MUL(u0, v0));
+    }
     if (i < n) {
-        T xb[W];
-        RMS_PAD(xb, x + i, n - i);
-        A_SQ(a2, a3, V_LD(xb));
+        T ab[W], bb[W];
+        C wb[W];
+        RMS_PAD(ab, a + i, n - i);
+        if (kind != RMS_SQ)
+            RMS_PAD(bb, b + i, n - i);
+        if (kind == RMS_DOTW)
+            RMS_PAD(wb, w + i, n - i);
+        FN(factors)(ab, bb, wb, 0, kind, &u0, &v0);
+        A_WIDEN(l1, h1, V_MUL(u0, v0));
     }
-    return A_SUM(A_ADD(A_ADD(A_ADD(a0, a1), A_ADD(a2, a3)), A_ADD(A_ADD(a4, a5), A_ADD(a6, a7))));
+    return A_SUM(A_ADD(A_ADD(l0, h0), A_ADD(l1, h1)));
+}
+
+static double FN(sumsq)(const void *x, size_t n) {
+    return FN(reduce)((const T *)x, NULL, NULL, n, RMS_SQ);
 }
 
 /* y = (x * r) * w over n elements; the constant flags make eight specialised loops. */
-RMS_INLINE void FN(scale_span)(const T *x, T *y, const C *w, V vr, size_t n, const int hasw,
-                               const int before, const int nt) {
+RMS_INLINE void FN(scale_span)(const T *x, T *y, const C *w, V vr, size_t n, const T *pf,
+                               const int hasw, const int before, const int nt) {
     size_t i = 0;
     for (; i + W <= n; i += W) {
+        if (pf)
+            RMS_PREFETCH(pf + i);
         V t = V_MUL(V_LD(x + i), vr);
         if (before)
             t = V_RND(t);
@@ -127,15 +173,17 @@ static inline size_t FN(stream_head)(const T *p, size_t n) {
 
 #define RMS_SCALE_CASE(hw, bf)                                                                 \
     do {                                                                                       \
-        FN(scale_span)(x, y, w, vr, head, hw, bf, 0);                                          \
+        FN(scale_span)(x, y, w, vr, head, pf, hw, bf, 0);                                      \
+        const T *pf1 = pf ? pf + head : NULL;                                                  \
         if (stream)                                                                            \
-            FN(scale_span)(x + head, y + head, hw ? w + head : w, vr, n - head, hw, bf, 1);    \
+            FN(scale_span)(x + head, y + head, hw ? w + head : w, vr, n - head, pf1, hw, bf, 1); \
         else                                                                                   \
-            FN(scale_span)(x + head, y + head, hw ? w + head : w, vr, n - head, hw, bf, 0);    \
+            FN(scale_span)(x + head, y + head, hw ? w + head : w, vr, n - head, pf1, hw, bf, 0); \
     } while (0)
 
-/* One row's scaling without the store fence (row loops fence once at the end). */
-static void FN(scale_row)(const T *x, T *y, const C *w, C r, size_t n, int flags) {
+/* One row's scaling without the store fence (row loops fence once at the end). While the row
+ * is rescaled from cache, `pf` (the next row, or NULL) is prefetched so that memory stays busy. */
+static void FN(scale_row)(const T *x, T *y, const C *w, C r, size_t n, const T *pf, int flags) {
     V vr = V_SET(r);
     size_t head = 0;
     int stream = 0;
@@ -154,7 +202,7 @@ static void FN(scale_row)(const T *x, T *y, const C *w, C r, size_t n, int flags
 }
 
 static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n, int flags) {
-    FN(scale_row)((const T *)x, (T *)y, (const C *)w, (C)r, n, flags);
+    FN(scale_row)((const T *)x, (T *)y, (const C *)w, (C)r, n, NULL, flags);
     if (flags & RMS_STREAM)
         V_FENCE();
 }
@@ -189,7 +237,8 @@ static void FN(fwd_rows)(const void *xv, ptrdiff_t xs, void *yv, ptrdiff_t ys, c
         const T *xr = x + (ptrdiff_t)i * xs;
         C r = (C)FN(rstd)(FN(sumsq)(xr, k), xr, NULL, k, eps);
         rstd[i] = r;
-        FN(scale_row)(xr, y + (ptrdiff_t)i * ys, (const C *)w, r, k, flags);
+        FN(scale_row)(xr, y + (ptrdiff_t)i * ys, (const C *)w, r, k, i + 1 < m ? xr + xs : NULL,
+                      flags);
     }
     if (flags & RMS_STREAM)
         V_FENCE();
@@ -197,23 +246,8 @@ static void FN(fwd_rows)(const void *xv, ptrdiff_t xs, void *yv, ptrdiff_t ys, c
 
 /* Residual add: h = round(x + r). The first pass only reads; the second recomputes h from the
  * cached row, so h and y can both be streamed and h may alias x or r. */
-static double FN(add_sumsq)(const void *xv, const void *rv, size_t n) {
-    const T *x = (const T *)xv, *r = (const T *)rv;
-    A a0 = A_ZERO, a1 = A_ZERO, a2 = A_ZERO, a3 = A_ZERO;
-    size_t i = 0;
-    for (; i + 2 * W <= n; i += 2 * W) {
-        A_SQ(a0, a1, V_RND(V_ADD(V_LD(x + i), V_LD(r + i))));
-        A_SQ(a2, a3, V_RND(V_ADD(V_LD(x + i + W), V_LD(r + i + W))));
-    }
-    for (; i + W <= n; i += W)
-        A_SQ(a0, a1, V_RND(V_ADD(V_LD(x + i), V_LD(r + i))));
-    if (i < n) {
-        T xb[W], rb[W];
-        RMS_PAD(xb, x + i, n - i);
-        RMS_PAD(rb, r + i, n - i);
-        A_SQ(a2, a3, V_RND(V_ADD(V_LD(xb), V_LD(rb))));
-    }
-    return A_SUM(A_ADD(A_ADD(a0, a1), A_ADD(a2, a3)));
+static double FN(add_sumsq)(const void *x, const void *r, size_t n) {
+    return FN(reduce)((const T *)x, (const T *)r, NULL, n, RMS_ADDSQ);
 }
 
 RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t n,
@@ -311,39 +345,10 @@ static void FN(add_rows)(const void *xv, ptrdiff_t xs, const void *rv, ptrdiff_t
 
 /* Backward. Per row, s = sum(dy * w * x); then dx = r * dy * w - (r^3 s / k) * x, and the
  * dgamma partial row gains dy * x * r in the same pass. */
-static double FN(dot)(const void *dyv, const void *xv, const void *wv, size_t n) {
-    const T *dy = (const T *)dyv, *x = (const T *)xv;
-    const C *w = (const C *)wv;
-    A a0 = A_ZERO, a1 = A_ZERO, a2 = A_ZERO, a3 = A_ZERO;
-    size_t i = 0;
-    if (w) {
-        for (; i + 2 * W <= n; i += 2 * W) {
-            A_DOT(a0, a1, V_MUL(V_LD(dy + i), V_LDC(w + i)), V_LD(x + i));
-            A_DOT(a2, a3, V_MUL(V_LD(dy + i + W), V_LDC(w + i + W)), V_LD(x + i + W));
-        }
-        for (; i + W <= n; i += W)
-            A_DOT(a0, a1, V_MUL(V_LD(dy + i), V_LDC(w + i)), V_LD(x + i));
-    } else {
-        for (; i + 2 * W <= n; i += 2 * W) {
-            A_DOT(a0, a1, V_LD(dy + i), V_LD(x + i));
-            A_DOT(a2, a3, V_LD(dy + i + W), V_LD(x + i + W));
-        }
-        for (; i + W <= n; i += W)
-            A_DOT(a0, a1, V_LD(dy + i), V_LD(x + i));
-    }
-    if (i < n) {
-        T db[W], xb[W];
-        C wb[W];
-        RMS_PAD(db, dy + i, n - i);
-        RMS_PAD(xb, x + i, n - i);
-        V g = V_LD(db);
-        if (w) {
-            RMS_PAD(wb, w + i, n - i);
-            g = V_MUL(g, V_LDC(wb));
-        }
-        A_DOT(a2, a3, g, V_LD(xb));
-    }
-    return A_SUM(A_ADD(A_ADD(a0, a1), A_ADD(a2, a3)));
+static double FN(dot)(const void *dy, const void *x, const void *w, size_t n) {
+    if (w)
+        return FN(reduce)((const T *)dy, (const T *)x, (const C *)w, n, RMS_DOTW);
+    return FN(reduce)((const T *)dy, (const T *)x, NULL, n, RMS_DOT);
 }
 
 RMS_INLINE V FN(bwd_elem)(V dyv, V xv, V wv, V vr, V vc, C *dg, const int hasw, const int hasdg) {

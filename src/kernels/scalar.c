@@ -14,12 +14,8 @@
 #define V_FENCE() ((void)0)
 #define A double
 #define A_ZERO 0.0
-#define A_SQ(l, h, v)                                                                          \
-    do {                                                                                       \
-        double v_ = (double)(v);                                                               \
-        (l) += v_ * v_;                                                                        \
-    } while (0)
-#define A_DOT(l, h, u, v) ((l) += (double)(u) * (double)(v))
+#define V_FMA(a, b, c) ((a) * (b) + (c))
+#define A_WIDEN(l, h, v) ((l) += (double)(v))
 #define A_ADD(a, b) ((a) + (b))
 #define A_SUM(a) (a)
 

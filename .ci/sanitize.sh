@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds the extension with AddressSanitizer + UndefinedBehaviorSanitizer in a scratch copy of
+# the tree and runs the test suite against it (gcc's libasan preloaded into Python).
+set -euo pipefail
+src="$(cd "$(dirname "$0")/.." && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cp -r "$src/src" "$src/rmsnorm" "$src/tests" "$src/setup.py" "$src/pyproject.toml" "$src/README.md" "$work/"
+rm -f "$work"/rmsnorm/*.so
+cd "$work"
+RMSNORM_WERROR=1 \
+RMSNORM_EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1 -g" \
+RMSNORM_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
+    python setup.py -q build_ext --inplace >/dev/null
+asan="$(gcc -print-file-name=libasan.so)"
+ubsan="$(gcc -print-file-name=libubsan.so)"
+# Python itself is not built with ASan: leak checking at exit would report the interpreter.
+LD_PRELOAD="$asan:$ubsan" \
+ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:allocator_may_return_null=1" \
+UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+PYTHONPATH="$work" \
+    python -m pytest -q -p no:cacheprovider -m "not slow" -k "not torch and not jax" tests
