@@ -225,11 +225,11 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads) {
 /* Backward. Each thread accumulates dgamma into its own row of a [threads x k] buffer over the
  * columns it touches; the rows are then summed column-parallel in thread order. */
 static void bwd_rows(const rms_kernels *kt, const rms_bwd_args *a, size_t r0, size_t r1,
-                     void *dg, size_t es, size_t cs) {
+                     void *dg, size_t es, size_t cs, int flags) {
     if (r1 > r0)
         kt->bwd_rows(AT(a->dy, r0, a->dys, 0, es), a->dys, AT(a->x, r0, a->xs, 0, es), a->xs,
                      AT(a->dx, r0, a->dxs, 0, es), a->dxs, a->w, (const char *)a->rstd + r0 * cs,
-                     dg, r1 - r0, a->k);
+                     dg, r1 - r0, a->k, flags);
 }
 
 /* Columns [lo, hi) of the dgamma row that thread share s writes. */
@@ -269,7 +269,8 @@ static void reduce_columns(const rms_bwd_args *a, const char *parts, const share
     }
 }
 
-static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char *parts) {
+static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char *parts,
+                     int flags) {
     share sh[RMS_MAX_THREADS];
     size_t es = esize(a->dtype), cs = csize(a->dtype), k = a->k;
     int f64 = a->dtype == RMS_F64;
@@ -293,7 +294,7 @@ static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char 
                            w, p->c1 - p->c0);
         }
         sh[t] = s;
-        bwd_rows(kt, a, s.r0, s.r1, dg, es, cs);
+        bwd_rows(kt, a, s.r0, s.r1, dg, es, cs, flags);
 #pragma omp barrier
         for (int j = 0; j < 2; j++) {
             const piece *p = &s.p[j];
@@ -304,7 +305,7 @@ static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char 
             const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
             kt->bwd(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es), w,
                     AT(a->dx, p->row, a->dxs, p->c0, es), r, c, dg ? dg + p->c0 * cs : NULL,
-                    p->c1 - p->c0);
+                    p->c1 - p->c0, flags);
         }
         if (parts) {
 #pragma omp barrier
@@ -320,15 +321,16 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
         memset(a->dgamma, 0, a->k * cs);
     if (total == 0)
         return 0;
+    int flags = total * esize(a->dtype) >= stream_bytes ? RMS_STREAM : 0;
     int nt = team_size(total, nthreads);
     if (nt <= 1) {
-        bwd_rows(kt, a, 0, a->m, a->dgamma, esize(a->dtype), cs);
+        bwd_rows(kt, a, 0, a->m, a->dgamma, esize(a->dtype), cs, flags);
         return 0;
     }
     char *parts = NULL;
     if (a->dgamma && !(parts = malloc((size_t)nt * a->k * cs)))
         return -1;
-    bwd_team(kt, a, nt, parts);
+    bwd_team(kt, a, nt, parts, flags);
     free(parts);
     return 0;
 }

@@ -28,7 +28,7 @@ typedef struct {
     /* dg: a k-long partial dgamma row to accumulate into, or NULL. */
     void (*bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
                      ptrdiff_t dxs, const void *w, const void *rstd, void *dg, size_t m,
-                     size_t k);
+                     size_t k, int flags);
     /* Pieces of one row, for splitting a long row across threads. */
     double (*sumsq)(const void *x, size_t n);
     void (*scale)(const void *x, void *y, const void *w, double r, size_t n, int flags);
@@ -41,7 +41,7 @@ typedef struct {
     double (*rescue)(const void *x, const void *r, size_t n, double eps);
     double (*dot)(const void *dy, const void *x, const void *w, size_t n);
     void (*bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
-                void *dg, size_t n);
+                void *dg, size_t n, int flags);
 } rms_kernels;
 
 typedef struct {

@@ -359,12 +359,22 @@ RMS_INLINE V FN(bwd_elem)(V dyv, V xv, V wv, V vr, V vc, C *dg, const int hasw, 
 }
 
 RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, V vr, V vc, C *dg,
-                             size_t n, const int hasw, const int hasdg) {
+                             size_t n, const T *pdy, const T *px, const int hasw, const int hasdg,
+                             const int nt) {
     size_t i = 0;
     V one = V_SET((C)1);
-    for (; i + W <= n; i += W)
-        V_ST(dx + i, FN(bwd_elem)(V_LD(dy + i), V_LD(x + i), hasw ? V_LDC(w + i) : one, vr, vc,
-                                  hasdg ? dg + i : dg, hasw, hasdg));
+    for (; i + W <= n; i += W) {
+        if (pdy) {
+            RMS_PREFETCH(pdy + i);
+            RMS_PREFETCH(px + i);
+        }
+        V o = FN(bwd_elem)(V_LD(dy + i), V_LD(x + i), hasw ? V_LDC(w + i) : one, vr, vc,
+                           hasdg ? dg + i : dg, hasw, hasdg);
+        if (nt)
+            V_STNT(dx + i, o);
+        else
+            V_ST(dx + i, o);
+    }
     if (i < n) {
         T db[W], xb[W], ob[W];
         C wb[W], gb[W];
@@ -382,32 +392,65 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, V vr, V
     }
 }
 
-static void FN(bwd)(const void *dyv, const void *xv, const void *wv, void *dxv, double r,
-                    double c, void *dgv, size_t n) {
-    const T *dy = (const T *)dyv, *x = (const T *)xv;
-    const C *w = (const C *)wv;
-    C *dg = (C *)dgv;
-    V vr = V_SET((C)r), vc = V_SET((C)c);
+#define RMS_BWD_CASE(hw, hg)                                                                   \
+    do {                                                                                       \
+        FN(bwd_span)(dy, x, w, dx, vr, vc, dg, head, pdy, px, hw, hg, 0);                      \
+        const C *w1 = hw ? w + head : w;                                                       \
+        C *g1 = hg ? dg + head : dg;                                                           \
+        const T *pdy1 = pdy ? pdy + head : NULL, *px1 = pdy ? px + head : NULL;                \
+        if (stream)                                                                            \
+            FN(bwd_span)(dy + head, x + head, w1, dx + head, vr, vc, g1, n - head, pdy1, px1,  \
+                         hw, hg, 1);                                                           \
+        else                                                                                   \
+            FN(bwd_span)(dy + head, x + head, w1, dx + head, vr, vc, g1, n - head, pdy1, px1,  \
+                         hw, hg, 0);                                                           \
+    } while (0)
+
+/* dx for one row (and its dgamma terms when dg is set); prefetches the next row's dy and x
+ * (pdy, px) while this one is read from cache. */
+static void FN(bwd_row)(const T *dy, const T *x, const C *w, T *dx, C r, C c, C *dg, size_t n,
+                        const T *pdy, const T *px, int flags) {
+    V vr = V_SET(r), vc = V_SET(c);
+    size_t head = 0;
+    int stream = 0;
+    if (flags & RMS_STREAM) {
+        head = FN(stream_head)(dx, n);
+        stream = head != (size_t)-1;
+        if (!stream)
+            head = 0;
+    }
     if (w && dg)
-        FN(bwd_span)(dy, x, w, (T *)dxv, vr, vc, dg, n, 1, 1);
+        RMS_BWD_CASE(1, 1);
     else if (w)
-        FN(bwd_span)(dy, x, w, (T *)dxv, vr, vc, dg, n, 1, 0);
+        RMS_BWD_CASE(1, 0);
     else
-        FN(bwd_span)(dy, x, w, (T *)dxv, vr, vc, dg, n, 0, 0);
+        RMS_BWD_CASE(0, 0);
+}
+
+static void FN(bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
+                    void *dg, size_t n, int flags) {
+    FN(bwd_row)((const T *)dy, (const T *)x, (const C *)w, (T *)dx, (C)r, (C)c, (C *)dg, n, NULL,
+                NULL, flags);
+    if (flags & RMS_STREAM)
+        V_FENCE();
 }
 
 static void FN(bwd_rows)(const void *dyv, ptrdiff_t dys, const void *xv, ptrdiff_t xs,
                          void *dxv, ptrdiff_t dxs, const void *w, const void *rstdv, void *dg,
-                         size_t m, size_t k) {
+                         size_t m, size_t k, int flags) {
     const T *dy = (const T *)dyv, *x = (const T *)xv;
     T *dx = (T *)dxv;
     const C *rstd = (const C *)rstdv;
     for (size_t i = 0; i < m; i++) {
         const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
+        int last = i + 1 == m;
         double r = (double)rstd[i];
         double c = r * r * r * FN(dot)(dyr, xr, w, k) / (double)k;
-        FN(bwd)(dyr, xr, w, dx + (ptrdiff_t)i * dxs, r, c, dg, k);
+        FN(bwd_row)(dyr, xr, (const C *)w, dx + (ptrdiff_t)i * dxs, (C)r, (C)c, (C *)dg, k,
+                    last ? NULL : dyr + dys, last ? NULL : xr + xs, flags);
     }
+    if (flags & RMS_STREAM)
+        V_FENCE();
 }
 
 #undef T

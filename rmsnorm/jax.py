@@ -1,0 +1,191 @@
+# JAX adapter: rms_norm with a custom VJP whose forward and backward call the rmsnorm C kernels
+# on the host through jax.pure_callback, so it composes with jit, grad and vmap on CPU.
+"""JAX bindings for rmsnorm (CPU).
+
+``import rmsnorm.jax`` is opt-in: the core package never imports it.
+
+:func:`rms_norm` works under :func:`jax.jit`, :func:`jax.grad` and :func:`jax.vmap`. Its forward
+callback returns ``y`` and the per-row ``rstd``; the VJP reuses that ``rstd`` and calls
+:func:`rmsnorm.rms_norm_backward`. Under vmap the callbacks use ``vmap_method="expand_dims"``:
+each receives the whole batch at once, so a batch with a shared weight is one kernel call
+(per-example weights, and per-example weight gradients, loop over the batch on the host).
+"""
+
+import functools
+import math
+import numbers
+
+import numpy as np
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as exc:  # pragma: no cover - exercised by simulating a missing jax
+    raise ImportError(
+        "rmsnorm.jax needs JAX, which is not installed: pip install rmsnorm[jax]"
+    ) from exc
+
+import rmsnorm as _rmsnorm
+
+__all__ = ["rms_norm"]
+
+_SUPPORTED_DTYPES = tuple(
+    np.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
+)
+
+
+def rms_norm(x, weight=None, eps=1e-6, offset=0.0):
+    """RMSNorm of ``x`` over ``weight``'s trailing axes: ``y = x * rstd * (offset + weight)``.
+
+    ``weight`` is None (normalize the last axis, no scale; ``offset`` ignored) or an array whose
+    shape equals the trailing ``weight.ndim`` axes of ``x``; its dtype may differ from ``x``'s.
+    ``eps`` and ``offset`` are Python floats (static: they are not traced or differentiated).
+    Returns ``y`` with ``x``'s shape and dtype; differentiable in ``x`` and ``weight``.
+    """
+    x = jnp.asarray(x)
+    weight = None if weight is None else jnp.asarray(weight)
+    _check_arrays(x, weight)
+    return _rms_norm(x, weight, _check_eps(eps), _as_float(offset, "offset"))
+
+
+def _as_float(value, name):
+    """A Python float from a real number; traced or array values are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    return float(value)
+
+
+def _check_eps(eps):
+    """eps as a float, finite and >= 0."""
+    eps = _as_float(eps, "eps")
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return eps
+
+
+def _check_arrays(x, weight):
+    """Fail at trace time with a clear message rather than inside a host callback."""
+    for name, array in (("x", x), ("weight", weight)):
+        if array is not None and np.dtype(array.dtype) not in _SUPPORTED_DTYPES:
+            raise TypeError(
+                f"rmsnorm.jax supports float16, bfloat16, float32 and float64; "
+                f"{name} has dtype {array.dtype}"
+            )
+    if x.ndim == 0:
+        raise ValueError("x must have at least one axis, got shape ()")
+    norm_shape = x.shape[-1:] if weight is None else weight.shape
+    if weight is not None and (
+        weight.ndim == 0 or weight.ndim > x.ndim or x.shape[-weight.ndim :] != weight.shape
+    ):
+        raise ValueError(
+            f"weight of shape {weight.shape} does not match the trailing axes of x of shape "
+            f"{x.shape}"
+        )
+    if math.prod(norm_shape) == 0:
+        raise ValueError(f"the normalized axes {norm_shape} have no elements")
+
+
+def _rstd_dtype(x_dtype):
+    return np.dtype(np.float64 if x_dtype == np.float64 else np.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _rms_norm(x, weight, eps, offset):
+    return _forward(x, weight, eps, offset)[0]
+
+
+def _rms_norm_fwd(x, weight, eps, offset):
+    y, rstd = _forward(x, weight, eps, offset)
+    return y, (x, weight, rstd)
+
+
+def _rms_norm_bwd(eps, offset, residuals, dy):
+    del eps  # the saved rstd already includes it
+    x, weight, rstd = residuals
+    return _backward(dy, x, weight, rstd, offset)
+
+
+_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+
+
+def _forward(x, weight, eps, offset):
+    """(y, rstd) from the host kernel."""
+    norm_ndim = 1 if weight is None else weight.ndim
+    result_shapes = (
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        jax.ShapeDtypeStruct(x.shape[: x.ndim - norm_ndim], _rstd_dtype(x.dtype)),
+    )
+    host = functools.partial(_host_forward, eps=eps, offset=offset, x_ndim=x.ndim)
+    return jax.pure_callback(host, result_shapes, x, weight, vmap_method="expand_dims")
+
+
+def _backward(dy, x, weight, rstd, offset):
+    """(dx, dweight) from the host kernel; dweight is None when weight is None."""
+    if weight is None:
+        result_shapes = (jax.ShapeDtypeStruct(x.shape, x.dtype), None)
+    else:
+        result_shapes = (
+            jax.ShapeDtypeStruct(x.shape, x.dtype),
+            jax.ShapeDtypeStruct(weight.shape, weight.dtype),
+        )
+    host = functools.partial(_host_backward, offset=offset, x_ndim=x.ndim)
+    return jax.pure_callback(host, result_shapes, dy, x, weight, rstd, vmap_method="expand_dims")
+
+
+# Host side. Under vmap(expand_dims) every argument gets the same number of new leading axes,
+# of the batch size when that argument is batched and of size 1 when it is not.
+
+
+def _split_batch(x, x_ndim, *others):
+    """Number of vmap axes in front of x, and their broadcast shape over all arguments."""
+    lead = x.ndim - x_ndim
+    shapes = [a.shape[:lead] for a in (x, *others) if a is not None]
+    return lead, np.broadcast_shapes(*shapes)
+
+
+def _expand(array, batch, lead):
+    """Broadcast the vmap axes of ``array`` to ``batch`` (a zero-copy view)."""
+    return np.broadcast_to(array, batch + array.shape[lead:])
+
+
+def _is_unbatched(array, lead):
+    return all(n == 1 for n in array.shape[:lead])
+
+
+def _host_forward(x, weight, *, eps, offset, x_ndim):
+    x = np.asarray(x)
+    weight = None if weight is None else np.asarray(weight)
+    lead, batch = _split_batch(x, x_ndim, weight)
+    x = _expand(x, batch, lead)
+    if weight is None or _is_unbatched(weight, lead):
+        # Shared weight: the vmap axes are just more rows, one kernel call does them all.
+        gamma = None if weight is None else weight.reshape(weight.shape[lead:])
+        return _rmsnorm.rms_norm(x, gamma, eps, offset=offset)
+    weight = _expand(weight, batch, lead)
+    y = np.empty(x.shape, x.dtype)
+    rstd = np.empty(x.shape[: x.ndim - (weight.ndim - lead)], _rstd_dtype(x.dtype))
+    for index in np.ndindex(*batch):
+        _, rstd[index] = _rmsnorm.rms_norm(
+            x[index], weight[index], eps, offset=offset, out=y[index]
+        )
+    return y, rstd
+
+
+def _host_backward(dy, x, weight, rstd, *, offset, x_ndim):
+    dy, x, rstd = np.asarray(dy), np.asarray(x), np.asarray(rstd)
+    weight = None if weight is None else np.asarray(weight)
+    lead, batch = _split_batch(x, x_ndim, dy, weight, rstd)
+    dy, x, rstd = (_expand(a, batch, lead) for a in (dy, x, rstd))
+    if weight is None or not batch:
+        # No weight gradient to keep per batch element: all rows in one kernel call.
+        gamma = None if weight is None else weight.reshape(weight.shape[lead:])
+        return _rmsnorm.rms_norm_backward(dy, x, gamma, rstd, offset=offset)
+    # Each batch element needs its own weight gradient, so run the kernel per element.
+    weight = _expand(weight, batch, lead)
+    dx = np.empty(x.shape, x.dtype)
+    dweight = np.empty(weight.shape, weight.dtype)
+    for index in np.ndindex(*batch):
+        _, dweight[index] = _rmsnorm.rms_norm_backward(
+            dy[index], x[index], weight[index], rstd[index], offset=offset, out=dx[index]
+        )
+    return dx, dweight

@@ -1,0 +1,192 @@
+# Tests for the JAX adapter (rmsnorm.jax) against the plain jnp formula: forward, jit, grad,
+# vmap (shared and per-example weights, nested), every dtype, and the error paths.
+import functools
+import importlib
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+# Imported after the skip check; an ImportError here with jax installed is a real failure.
+rj = importlib.import_module("rmsnorm.jax")
+
+# (rtol, atol) against the jnp formula at the same dtype.
+TOLERANCES = {
+    np.dtype(np.float64): (1e-10, 1e-12),
+    np.dtype(np.float32): (2e-5, 2e-5),
+    np.dtype(ml_dtypes.bfloat16): (3e-2, 3e-2),
+    np.dtype(np.float16): (4e-3, 4e-3),
+}
+# (id, x shape, weight shape or None, offset)
+CASES = [
+    ("rows", (5, 33), (33,), 0.0),
+    ("offset", (4, 17), (17,), 1.0),
+    ("2d_weight", (2, 3, 4, 8), (4, 8), 0.0),
+    ("no_weight", (6, 16), None, 0.0),
+    ("1d", (40,), (40,), 0.5),
+]
+
+
+@pytest.fixture
+def x64():
+    """float64 tests need JAX's x64 mode, only for their own duration."""
+    if hasattr(jax, "enable_x64"):
+        context = jax.enable_x64(True)
+    else:  # older JAX
+        from jax.experimental import enable_x64
+
+        context = enable_x64()
+    with context:
+        yield
+
+
+# Jitted: one compilation costs much less than compiling each eager jnp op.
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def reference(x, weight, eps=1e-6, offset=0.0):
+    """The plain jnp formula, computed in float32 (float64 for float64 x)."""
+    compute = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    axes = tuple(range(x.ndim - (1 if weight is None else weight.ndim), x.ndim))
+    xf = x.astype(compute)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=axes, keepdims=True) + eps)
+    if weight is not None:
+        y = y * (offset + weight.astype(compute))
+    return y.astype(x.dtype)
+
+
+def assert_close(actual, expected):
+    assert actual.dtype == expected.dtype
+    assert actual.shape == expected.shape
+    rtol, atol = TOLERANCES[np.dtype(expected.dtype)]
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float64), np.asarray(expected, np.float64), rtol=rtol, atol=atol
+    )
+
+
+def random(shape, dtype, seed, scale=1.0, center=0.0):
+    values = center + scale * np.random.default_rng(seed).standard_normal(shape)
+    return jnp.asarray(values.astype(dtype))
+
+
+def loss(fn, offset):
+    """A scalar whose gradient exercises a non-trivial upstream dy."""
+
+    def f(x, weight, dy):
+        return jnp.sum(fn(x, weight, 1e-6, offset).astype(jnp.float32) * dy)
+
+    return f
+
+
+def inputs(case, dtype):
+    _, shape, weight_shape, offset = case
+    x = random(shape, dtype, 0)
+    weight = None if weight_shape is None else random(weight_shape, dtype, 1, 0.5, 1.0)
+    dy = random(shape, np.float32, 2)
+    return x, weight, dy, offset
+
+
+def check_against_reference(case, dtype):
+    x, weight, dy, offset = inputs(case, dtype)
+    expected = reference(x, weight, 1e-6, offset)
+    assert_close(rj.rms_norm(x, weight, 1e-6, offset), expected)
+    jitted = jax.jit(rj.rms_norm, static_argnums=(2, 3))
+    assert_close(jitted(x, weight, 1e-6, offset), expected)
+    argnums = (0,) if weight is None else (0, 1)
+    ours = jax.grad(loss(rj.rms_norm, offset), argnums)(x, weight, dy)
+    theirs = jax.jit(jax.grad(loss(reference, offset), argnums))(x, weight, dy)
+    for got, want in zip(ours, theirs, strict=True):
+        assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, ml_dtypes.bfloat16, np.float16], ids=["f32", "bf16", "f16"]
+)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_reference(case, dtype):
+    check_against_reference(case, dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_reference_float64(case, x64):
+    check_against_reference(case, np.float64)
+    x = random(case[1], np.float64, 0)
+    assert rj.rms_norm(x, None).dtype == jnp.float64
+
+
+def test_mixed_dtypes():
+    x = random((3, 16), ml_dtypes.bfloat16, 0)
+    weight = random((16,), np.float32, 1, 0.5, 1.0)
+    dy = random((3, 16), np.float32, 2)
+    assert_close(rj.rms_norm(x, weight), reference(x, weight))
+    dx, dweight = jax.grad(loss(rj.rms_norm, 0.0), (0, 1))(x, weight, dy)
+    ref_dx, ref_dweight = jax.grad(loss(reference, 0.0), (0, 1))(x, weight, dy)
+    assert dweight.dtype == jnp.float32
+    assert_close(dx, ref_dx)
+    assert_close(dweight, ref_dweight)
+
+
+def test_vmap_shared_and_per_example_weights():
+    x = random((4, 3, 8), np.float32, 0)
+    weights = random((4, 8), np.float32, 1, 0.5, 1.0)
+    shared = jax.vmap(rj.rms_norm, in_axes=(0, None))(x, weights[0])
+    assert_close(shared, reference(x, weights[0]))
+    per_example = jax.jit(jax.vmap(rj.rms_norm))(x, weights)
+    assert_close(per_example, jax.vmap(reference)(x, weights))
+    # weight batched, x not; and a nested vmap over a batch axis that is not the first
+    assert_close(
+        jax.vmap(rj.rms_norm, in_axes=(None, 0))(x[0], weights),
+        jax.vmap(reference, in_axes=(None, 0))(x[0], weights),
+    )
+    nested = jax.vmap(jax.vmap(rj.rms_norm, in_axes=(0, None)), in_axes=(1, None))(x, weights[0])
+    assert_close(nested, jnp.swapaxes(reference(x, weights[0]), 0, 1))
+    assert_close(jax.vmap(rj.rms_norm, in_axes=(0, None))(x, None), reference(x, None))
+
+
+def test_vmap_of_grad_gives_per_example_gradients():
+    x = random((4, 3, 8), np.float32, 0)
+    weight = random((8,), np.float32, 1, 0.5, 1.0)
+    dy = random((4, 3, 8), np.float32, 2)
+    per_example = jax.vmap(jax.grad(loss(rj.rms_norm, 0.5), (0, 1)), in_axes=(0, None, 0))
+    ours = jax.jit(per_example)(x, weight, dy)
+    theirs = jax.vmap(jax.grad(loss(reference, 0.5), (0, 1)), in_axes=(0, None, 0))(x, weight, dy)
+    assert ours[1].shape == (4, 8)
+    for got, want in zip(ours, theirs, strict=True):
+        assert_close(got, want)
+
+
+def test_grad_of_vmap():
+    x = random((4, 3, 8), np.float32, 0)
+    weight = random((8,), np.float32, 1, 0.5, 1.0)
+    dy = random((4, 3, 8), np.float32, 2)
+
+    def batched(fn):
+        return lambda x, w, dy: jnp.sum(jax.vmap(fn, in_axes=(0, None))(x, w) * dy)
+
+    ours = jax.grad(batched(rj.rms_norm), (0, 1))(x, weight, dy)
+    theirs = jax.grad(batched(reference), (0, 1))(x, weight, dy)
+    for got, want in zip(ours, theirs, strict=True):
+        assert_close(got, want)
+
+
+def test_errors():
+    x = jnp.ones((3, 8))
+    with pytest.raises(TypeError, match="int32"):
+        rj.rms_norm(jnp.ones((3, 8), jnp.int32))
+    with pytest.raises(ValueError, match=r"\(7,\).*\(3, 8\)"):
+        rj.rms_norm(x, jnp.ones(7))
+    with pytest.raises(ValueError, match="eps"):
+        rj.rms_norm(x, eps=-1.0)
+    with pytest.raises(ValueError, match="no elements"):
+        rj.rms_norm(jnp.ones((3, 0)))
+    with pytest.raises(TypeError, match="eps"):
+        jax.jit(rj.rms_norm)(x, None, 1e-6)  # a traced eps cannot reach the kernel
+
+
+def test_missing_jax_gives_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jax", None)
+    monkeypatch.delitem(sys.modules, "rmsnorm.jax")
+    with pytest.raises(ImportError, match=r"pip install rmsnorm\[jax\]"):
+        __import__("rmsnorm.jax")
