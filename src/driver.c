@@ -50,6 +50,9 @@ void rms_threads_init(void) {
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     if (llc > 0 && (size_t)llc / 2 < stream_bytes)
         stream_bytes = (size_t)llc / 2;
+    const char *s = getenv("RMSNORM_STREAM_BYTES"); /* tuning knob: 0 streams everything */
+    if (s && *s)
+        stream_bytes = (size_t)strtoull(s, NULL, 10);
 }
 
 int rms_threads_get(void) { return __atomic_load_n(&n_threads, __ATOMIC_RELAXED); }
@@ -291,7 +294,7 @@ static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char 
                 continue;
             const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
             p->s = kt->dot(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es),
-                           w, p->c1 - p->c0);
+                           w, load_c(a->rstd, p->row, f64), p->c1 - p->c0);
         }
         sh[t] = s;
         bwd_rows(kt, a, s.r0, s.r1, dg, es, cs, flags);
@@ -301,7 +304,7 @@ static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char 
             if (p->row == RMS_NONE)
                 continue;
             double r = load_c(a->rstd, p->row, f64);
-            double c = r * r * r * row_sum(sh, nt, p->row) / (double)k;
+            double c = row_sum(sh, nt, p->row) / (double)k;
             const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
             kt->bwd(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es), w,
                     AT(a->dx, p->row, a->dxs, p->c0, es), r, c, dg ? dg + p->c0 * cs : NULL,

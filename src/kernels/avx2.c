@@ -42,6 +42,14 @@ static inline double hsum_pd(__m256d a) {
     return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }
 
+/* masks for the first n < W lanes */
+static inline __m256i mask32(size_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline __m256i mask64(size_t n) {
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)n), _mm256_setr_epi64x(0, 1, 2, 3));
+}
+
 #define A __m256d
 #define A_ZERO _mm256_setzero_pd()
 #define A_ADD _mm256_add_pd
@@ -59,6 +67,8 @@ static inline double hsum_pd(__m256d a) {
 #define V_MUL _mm256_mul_ps
 #define V_FMA _mm256_fmadd_ps
 #define A_WIDEN(l, h, v) widen_ps(&(l), &(h), (v))
+#define V_LDCP(p, n) _mm256_maskload_ps((p), mask32(n))
+#define V_STCP(p, v, n) _mm256_maskstore_ps((p), mask32(n), (v))
 
 #define RMS_DT 0
 #define RMS_SFX f32_avx2
@@ -67,6 +77,8 @@ static inline double hsum_pd(__m256d a) {
 #define V_STNT(p, v) _mm256_stream_ps((p), (v))
 #define V_STB 32
 #define V_RND(v) (v)
+#define V_LDP V_LDCP
+#define V_STP V_STCP
 #include "rows_impl.h"
 
 #define RMS_DT 2
@@ -98,6 +110,8 @@ static inline double hsum_pd(__m256d a) {
 #undef V_MUL
 #undef V_FMA
 #undef A_WIDEN
+#undef V_LDCP
+#undef V_STCP
 #define W 4
 #define V __m256d
 #define V_LDC(p) _mm256_loadu_pd(p)
@@ -108,6 +122,8 @@ static inline double hsum_pd(__m256d a) {
 #define V_MUL _mm256_mul_pd
 #define V_FMA _mm256_fmadd_pd
 #define A_WIDEN(l, h, v) ((l) = _mm256_add_pd((l), (v)))
+#define V_LDCP(p, n) _mm256_maskload_pd((p), mask64(n))
+#define V_STCP(p, v, n) _mm256_maskstore_pd((p), mask64(n), (v))
 
 #define RMS_DT 1
 #define RMS_SFX f64_avx2
@@ -116,6 +132,8 @@ static inline double hsum_pd(__m256d a) {
 #define V_STNT(p, v) _mm256_stream_pd((p), (v))
 #define V_STB 32
 #define V_RND(v) (v)
+#define V_LDP V_LDCP
+#define V_STP V_STCP
 #include "rows_impl.h"
 
 const rms_isa_table rms_isa_avx2 = {

@@ -13,9 +13,8 @@
 #include "kernels.h"
 #include "convert.h"
 
-static inline __m512 bf16x16_load(const uint16_t *p) {
-    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+static inline __m512 bf16x16_widen(__m256i u) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));
 }
 
 /* Round to nearest even on the integer bits; NaN becomes the canonical quiet NaN. */
@@ -44,6 +43,10 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
     *h = _mm512_add_pd(*h, hi_pd(v));
 }
 
+/* masks for the first n < W lanes */
+#define M16(n) ((__mmask16)((1u << (n)) - 1u))
+#define M8(n) ((__mmask8)((1u << (n)) - 1u))
+
 #define A __m512d
 #define A_ZERO _mm512_setzero_pd()
 #define A_ADD _mm512_add_pd
@@ -61,6 +64,8 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define V_MUL _mm512_mul_ps
 #define V_FMA _mm512_fmadd_ps
 #define A_WIDEN(l, h, v) widen_ps(&(l), &(h), (v))
+#define V_LDCP(p, n) _mm512_maskz_loadu_ps(M16(n), (p))
+#define V_STCP(p, v, n) _mm512_mask_storeu_ps((p), M16(n), (v))
 
 #define RMS_DT 0
 #define RMS_SFX f32_avx512
@@ -69,6 +74,8 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define V_STNT(p, v) _mm512_stream_ps((p), (v))
 #define V_STB 64
 #define V_RND(v) (v)
+#define V_LDP V_LDCP
+#define V_STP V_STCP
 #include "rows_impl.h"
 
 #define RMS_DT 2
@@ -78,16 +85,20 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), _mm512_cvtps_ph((v), RMS_F16_RNE))
 #define V_STB 32
 #define V_RND(v) _mm512_cvtph_ps(_mm512_cvtps_ph((v), RMS_F16_RNE))
+#define V_LDP(p, n) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(M16(n), (p)))
+#define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), _mm512_cvtps_ph((v), RMS_F16_RNE))
 #include "rows_impl.h"
 
 #define RMS_DT 3
 #define RMS_SFX bf16_avx512
-#define V_LD(p) bf16x16_load(p)
+#define V_LD(p) bf16x16_widen(_mm256_loadu_si256((const __m256i *)(p)))
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round(v))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round(v))
 #define V_STB 32
 #define V_RND(v)                                                                               \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_round(v)), 16))
+#define V_LDP(p, n) bf16x16_widen(_mm256_maskz_loadu_epi16(M16(n), (p)))
+#define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round(v))
 #include "rows_impl.h"
 
 /* double compute: f64 */
@@ -101,6 +112,8 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #undef V_MUL
 #undef V_FMA
 #undef A_WIDEN
+#undef V_LDCP
+#undef V_STCP
 #define W 8
 #define V __m512d
 #define V_LDC(p) _mm512_loadu_pd(p)
@@ -111,6 +124,8 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define V_MUL _mm512_mul_pd
 #define V_FMA _mm512_fmadd_pd
 #define A_WIDEN(l, h, v) ((l) = _mm512_add_pd((l), (v)))
+#define V_LDCP(p, n) _mm512_maskz_loadu_pd(M8(n), (p))
+#define V_STCP(p, v, n) _mm512_mask_storeu_pd((p), M8(n), (v))
 
 #define RMS_DT 1
 #define RMS_SFX f64_avx512
@@ -119,6 +134,8 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define V_STNT(p, v) _mm512_stream_pd((p), (v))
 #define V_STB 64
 #define V_RND(v) (v)
+#define V_LDP V_LDCP
+#define V_STP V_STCP
 #include "rows_impl.h"
 
 const rms_isa_table rms_isa_avx512 = {"avx512",

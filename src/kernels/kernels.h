@@ -39,7 +39,9 @@ typedef struct {
      * row holds NaN or Inf, rescaled when the squares merely overflow). r may be NULL; else the
      * row is round(x + r) as in add_rows. */
     double (*rescue)(const void *x, const void *r, size_t n, double eps);
-    double (*dot)(const void *dy, const void *x, const void *w, size_t n);
+    /* sum(dy * w * x * r) */
+    double (*dot)(const void *dy, const void *x, const void *w, double r, size_t n);
+    /* dx = r * (dy * w - x * r * c), c = dot / k; dg += dy * x * r */
     void (*bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
                 void *dg, size_t n, int flags);
 } rms_kernels;

@@ -4,16 +4,18 @@
  *   RMS_DT, RMS_SFX      dtype (RMS_DT_*) and the symbol suffix, e.g. f32_avx2
  *   W, V                 lanes and vector type of the compute type
  *   V_LD(p), V_ST(p, v)  load W storage elements widened to V / round V (nearest even) and store
- *   V_STNT(p, v), V_STB  non-temporal store, and its required alignment in bytes
+ *   V_STNT(p, v), V_STB  non-temporal store, and its alignment in bytes (W * sizeof(T))
  *   V_RND(v)             round V through the storage type and back (identity for f32 / f64)
- *   V_LDC, V_STC, V_SET, V_ADD, V_SUB, V_MUL, V_FENCE()   compute-type vector helpers
- *   V_FMA(a, b, c)       a * b + c
+ *   V_LDC, V_STC, V_SET, V_ADD, V_SUB, V_MUL, V_FMA(a, b, c) = a * b + c, V_FENCE()
  *   A, A_ZERO, A_ADD, A_SUM   float64 accumulators (two per compute vector when C is float)
  *   A_WIDEN(l, h, v)     l, h += v widened to float64 (l += v when C is double)
+ * and optionally masked partial accesses of n < W elements: V_LDP(p, n), V_STP(p, v, n) for the
+ * storage type (undefined after each inclusion) and V_LDCP(p, n), V_STCP(p, v, n) for the
+ * compute type. Without them partial vectors go through a zeroed stack buffer.
+ *
  * Row sums end in float64: short runs of compute-type FMAs in several independent accumulators
  * (hiding FMA latency) are flushed into float64 before they can lose accuracy, so the sum is
- * far more accurate than the float32 the result is stored in. Tails go through a zero-padded
- * stack vector, so any length works. */
+ * far more accurate than the float32 the result is stored in. */
 
 #include <math.h>
 #include <string.h>
@@ -28,13 +30,33 @@
 #define RMS_CAT(a, b) RMS_CAT_(a, b)
 #define RMS_INLINE static inline __attribute__((always_inline))
 #define RMS_PREFETCH(p) __builtin_prefetch((p), 0, 2)
+/* the row reductions: sum x^2, sum round(x + r)^2, sum dy * x, sum dy * w * x */
 enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW };
+/* Flush the compute-type accumulators into float64 every RMS_BLOCK vectors. */
+#define RMS_BLOCK 32
 /* The table row for one dtype of one ISA. */
 #define RMS_ENTRY(sfx)                                                                         \
     {                                                                                          \
         fwd_rows_##sfx, add_rows_##sfx, bwd_rows_##sfx, sumsq_##sfx, scale_##sfx,              \
             add_sumsq_##sfx, add_scale_##sfx, rescue_##sfx, dot_##sfx, bwd_##sfx               \
     }
+/* t elements at p: a full vector when t == W (a constant in the main loops), else partial. */
+#define LDX(p, t) ((t) == W ? V_LD(p) : V_LDP((p), (t)))
+#define LDCX(p, t) ((t) == W ? V_LDC(p) : V_LDCP((p), (t)))
+#define STX(p, v, t)                                                                           \
+    do {                                                                                       \
+        if ((t) == W)                                                                          \
+            V_ST((p), (v));                                                                    \
+        else                                                                                   \
+            V_STP((p), (v), (t));                                                              \
+    } while (0)
+#define STCX(p, v, t)                                                                          \
+    do {                                                                                       \
+        if ((t) == W)                                                                          \
+            V_STC((p), (v));                                                                   \
+        else                                                                                   \
+            V_STCP((p), (v), (t));                                                             \
+    } while (0)
 #endif
 
 #if RMS_DT == RMS_DT_F32
@@ -61,32 +83,57 @@ enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW };
 
 #define FN(name) RMS_CAT(name, RMS_SFX)
 
-/* Copies the n < W leftover elements into a zeroed vector-sized buffer. */
-#define RMS_PAD(buf, src, n)                                                                   \
-    do {                                                                                       \
-        memset((buf), 0, sizeof(buf));                                                         \
-        memcpy((buf), (src), (n) * sizeof((buf)[0]));                                          \
-    } while (0)
+#ifndef V_LDP
+#define RMS_OWN_LDP
+RMS_INLINE V FN(ldp)(const T *p, size_t n) {
+    T b[W];
+    memset(b, 0, sizeof(b));
+    memcpy(b, p, n * sizeof(T));
+    return V_LD(b);
+}
+RMS_INLINE void FN(stp)(T *p, V v, size_t n) {
+    T b[W];
+    V_ST(b, v);
+    memcpy(p, b, n * sizeof(T));
+}
+#define V_LDP(p, n) FN(ldp)((p), (n))
+#define V_STP(p, v, n) FN(stp)((p), (v), (n))
+#endif
+#ifndef V_LDCP
+#define RMS_OWN_LDCP
+RMS_INLINE V FN(ldcp)(const C *p, size_t n) {
+    C b[W];
+    memset(b, 0, sizeof(b));
+    memcpy(b, p, n * sizeof(C));
+    return V_LDC(b);
+}
+RMS_INLINE void FN(stcp)(C *p, V v, size_t n) {
+    C b[W];
+    V_STC(b, v);
+    memcpy(p, b, n * sizeof(C));
+}
+#define V_LDCP(p, n) FN(ldcp)((p), (n))
+#define V_STCP(p, v, n) FN(stcp)((p), (v), (n))
+#endif
 
-/* The row reductions (RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW): sum of squares of x, of
- * h = round(x + r), and sum(dy * w * x). The two factors of element i's term: */
-RMS_INLINE void FN(factors)(const T *a, const T *b, const C *w, size_t i, const int kind, V *u,
-                            V *v) {
+/* ---------------------------------------------------------------- row reductions */
+
+/* The two factors of the terms of t elements at i (partial loads are zero-filled); the dot
+ * products use x * r, which stays near 1 whatever the scale of x. */
+RMS_INLINE void FN(factors)(const T *a, const T *b, const C *w, V vr, size_t i, size_t t,
+                            const int kind, V *u, V *v) {
     if (kind == RMS_SQ) {
-        *u = *v = V_LD(a + i);
+        *u = *v = LDX(a + i, t);
     } else if (kind == RMS_ADDSQ) {
-        *u = *v = V_RND(V_ADD(V_LD(a + i), V_LD(b + i)));
+        *u = *v = V_RND(V_ADD(LDX(a + i, t), LDX(b + i, t)));
     } else {
-        *u = kind == RMS_DOTW ? V_MUL(V_LD(a + i), V_LDC(w + i)) : V_LD(a + i);
-        *v = V_LD(b + i);
+        *u = kind == RMS_DOTW ? V_MUL(LDX(a + i, t), LDCX(w + i, t)) : LDX(a + i, t);
+        *v = V_MUL(LDX(b + i, t), vr);
     }
 }
 
-/* Four compute-type accumulators, flushed into float64 every RMS_BLOCK vectors so that each
- * float32 lane adds at most a few terms before the wide sum. */
-#define RMS_BLOCK 32
-
-RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, size_t n, const int kind) {
+RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, C r, size_t n, const int kind) {
+    V vr = V_SET(r);
     A l0 = A_ZERO, h0 = A_ZERO, l1 = A_ZERO, h1 = A_ZERO;
     V u0, v0, u1, v1, u2, v2, u3, v3;
     size_t i = 0;
@@ -94,10 +141,10 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, size_t n, const
         V a0 = V_SET((C)0), a1 = a0, a2 = a0, a3 = a0;
         size_t stop = n - i >= RMS_BLOCK * W ? i + RMS_BLOCK * W : n;
         for (; i + 4 * W <= stop; i += 4 * W) {
-            FN(factors)(a, b, w, i, kind, &u0, &v0);
-            FN(factors)(a, b, w, i + W, kind, &u1, &v1);
-            FN(factors)(a, b, w, i + 2 * W, kind, &u2, &v2);
-            FN(factors)(a, b, w, i + 3 * W, kind, &u3, &v3);
+            FN(factors)(a, b, w, vr, i, W, kind, &u0, &v0);
+            FN(factors)(a, b, w, vr, i + W, W, kind, &u1, &v1);
+            FN(factors)(a, b, w, vr, i + 2 * W, W, kind, &u2, &v2);
+            FN(factors)(a, b, w, vr, i + 3 * W, W, kind, &u3, &v3);
             a0 = V_FMA(u0, v0, a0);
             a1 = V_FMA(u1, v1, a1);
             a2 = V_FMA(u2, v2, a2);
@@ -107,106 +154,32 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, size_t n, const
         A_WIDEN(l1, h1, V_ADD(a2, a3));
     }
     for (; i + W <= n; i += W) {
-        FN(factors)(a, b, w, i, kind, &u0, &v0);
+        FN(factors)(a, b, w, vr, i, W, kind, &u0, &v0);
         A_WIDEN(l0, h0, V_MUL(u0, v0));
     }
     if (i < n) {
-        T ab[W], bb[W];
-        C wb[W];
-        RMS_PAD(ab, a + i, n - i);
-        if (kind != RMS_SQ)
-            RMS_PAD(bb, b + i, n - i);
-        if (kind == RMS_DOTW)
-            RMS_PAD(wb, w + i, n - i);
-        FN(factors)(ab, bb, wb, 0, kind, &u0, &v0);
+        FN(factors)(a, b, w, vr, i, n - i, kind, &u0, &v0);
         A_WIDEN(l1, h1, V_MUL(u0, v0));
     }
     return A_SUM(A_ADD(A_ADD(l0, h0), A_ADD(l1, h1)));
 }
 
 static double FN(sumsq)(const void *x, size_t n) {
-    return FN(reduce)((const T *)x, NULL, NULL, n, RMS_SQ);
+    return FN(reduce)((const T *)x, NULL, NULL, (C)1, n, RMS_SQ);
 }
 
-/* y = (x * r) * w over n elements; the constant flags make eight specialised loops. */
-RMS_INLINE void FN(scale_span)(const T *x, T *y, const C *w, V vr, size_t n, const T *pf,
-                               const int hasw, const int before, const int nt) {
-    size_t i = 0;
-    for (; i + W <= n; i += W) {
-        if (pf)
-            RMS_PREFETCH(pf + i);
-        V t = V_MUL(V_LD(x + i), vr);
-        if (before)
-            t = V_RND(t);
-        if (hasw)
-            t = V_MUL(t, V_LDC(w + i));
-        if (nt)
-            V_STNT(y + i, t);
-        else
-            V_ST(y + i, t);
-    }
-    if (i < n) {
-        T xb[W], yb[W];
-        C wb[W];
-        RMS_PAD(xb, x + i, n - i);
-        V t = V_MUL(V_LD(xb), vr);
-        if (before)
-            t = V_RND(t);
-        if (hasw) {
-            RMS_PAD(wb, w + i, n - i);
-            t = V_MUL(t, V_LDC(wb));
-        }
-        V_ST(yb, t);
-        memcpy(y + i, yb, (n - i) * sizeof(T));
-    }
+static double FN(add_sumsq)(const void *x, const void *r, size_t n) {
+    return FN(reduce)((const T *)x, (const T *)r, NULL, (C)1, n, RMS_ADDSQ);
 }
 
-/* Elements to store normally before `p` reaches the streaming alignment; (size_t)-1 when `p`
- * can never get there (not even element-aligned) and streaming is off. */
-static inline size_t FN(stream_head)(const T *p, size_t n) {
-    size_t mis = (size_t)((uintptr_t)p % V_STB);
-    if (mis % sizeof(T))
-        return (size_t)-1;
-    size_t head = mis ? (V_STB - mis) / sizeof(T) : 0;
-    return head < n ? head : n;
+/* sum(dy * w * xhat) with xhat = x * r */
+static double FN(dot)(const void *dy, const void *x, const void *w, double r, size_t n) {
+    if (w)
+        return FN(reduce)((const T *)dy, (const T *)x, (const C *)w, (C)r, n, RMS_DOTW);
+    return FN(reduce)((const T *)dy, (const T *)x, NULL, (C)r, n, RMS_DOT);
 }
 
-#define RMS_SCALE_CASE(hw, bf)                                                                 \
-    do {                                                                                       \
-        FN(scale_span)(x, y, w, vr, head, pf, hw, bf, 0);                                      \
-        const T *pf1 = pf ? pf + head : NULL;                                                  \
-        if (stream)                                                                            \
-            FN(scale_span)(x + head, y + head, hw ? w + head : w, vr, n - head, pf1, hw, bf, 1); \
-        else                                                                                   \
-            FN(scale_span)(x + head, y + head, hw ? w + head : w, vr, n - head, pf1, hw, bf, 0); \
-    } while (0)
-
-/* One row's scaling without the store fence (row loops fence once at the end). While the row
- * is rescaled from cache, `pf` (the next row, or NULL) is prefetched so that memory stays busy. */
-static void FN(scale_row)(const T *x, T *y, const C *w, C r, size_t n, const T *pf, int flags) {
-    V vr = V_SET(r);
-    size_t head = 0;
-    int stream = 0;
-    if (flags & RMS_STREAM) {
-        head = FN(stream_head)(y, n);
-        stream = head != (size_t)-1;
-        if (!stream)
-            head = 0;
-    }
-    int before = (flags & RMS_CAST_BEFORE) != 0;
-    if (w) {
-        if (before) RMS_SCALE_CASE(1, 1); else RMS_SCALE_CASE(1, 0);
-    } else {
-        if (before) RMS_SCALE_CASE(0, 1); else RMS_SCALE_CASE(0, 0);
-    }
-}
-
-static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n, int flags) {
-    FN(scale_row)((const T *)x, (T *)y, (const C *)w, (C)r, n, NULL, flags);
-    if (flags & RMS_STREAM)
-        V_FENCE();
-}
-
+/* Slow path for a row whose sum of squares is not finite. */
 static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
     const T *x = (const T *)xv, *r = (const T *)rv;
     double amax = 0.0;
@@ -228,6 +201,95 @@ RMS_INLINE double FN(rstd)(double ss, const T *x, const T *r, size_t n, double e
     return isfinite(ss) ? 1.0 / sqrt(ss / (double)n + eps) : FN(rescue)(x, r, n, eps);
 }
 
+/* ---------------------------------------------------------------- streaming */
+
+/* Elements to store normally before `p` reaches the streaming alignment (always < W); -1 when
+ * `p` can never get there (not even element-aligned). */
+static inline size_t FN(stream_head)(const T *p, size_t n) {
+    size_t mis = (size_t)((uintptr_t)p % V_STB);
+    if (mis % sizeof(T))
+        return (size_t)-1;
+    size_t head = mis ? (V_STB - mis) / sizeof(T) : 0;
+    return head < n ? head : n;
+}
+
+/* Whether to stream outputs y (and h, when not NULL: both must align at the same element), and
+ * the partial vector to store first. */
+static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, size_t *head) {
+    *head = 0;
+    if (!(flags & RMS_STREAM))
+        return 0;
+    size_t hy = FN(stream_head)(y, n);
+    if (hy == (size_t)-1 || (h && FN(stream_head)(h, n) != hy))
+        return 0;
+    *head = hy;
+    return 1;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* t elements of y = (x * r) * w; the constant flags make specialised loops. */
+RMS_INLINE void FN(scale_vec)(const T *x, T *y, const C *w, V vr, size_t t, const int hasw,
+                              const int before, const int nt) {
+    V v = V_MUL(LDX(x, t), vr);
+    if (before)
+        v = V_RND(v);
+    if (hasw)
+        v = V_MUL(v, LDCX(w, t));
+    if (nt && t == W)
+        V_STNT(y, v);
+    else
+        STX(y, v, t);
+}
+
+RMS_INLINE void FN(scale_span)(const T *x, T *y, const C *w, V vr, size_t n, size_t head,
+                               const T *pf, const int hasw, const int before, const int nt) {
+    size_t i = head;
+    if (head)
+        FN(scale_vec)(x, y, w, vr, head, hasw, before, 0);
+    for (; i + W <= n; i += W) {
+        if (pf)
+            RMS_PREFETCH(pf + i);
+        FN(scale_vec)(x + i, y + i, hasw ? w + i : w, vr, W, hasw, before, nt);
+    }
+    if (i < n)
+        FN(scale_vec)(x + i, y + i, hasw ? w + i : w, vr, n - i, hasw, before, 0);
+}
+
+#define RMS_SCALE_CASE(hw, bf)                                                                 \
+    do {                                                                                       \
+        if (stream)                                                                            \
+            FN(scale_span)(x, y, w, vr, n, head, pf, hw, bf, 1);                               \
+        else                                                                                   \
+            FN(scale_span)(x, y, w, vr, n, head, pf, hw, bf, 0);                               \
+    } while (0)
+
+/* One row's scaling without the store fence (row loops fence once at the end). While the row
+ * is rescaled from cache, `pf` (the next row, or NULL) is prefetched so that memory stays busy. */
+static void FN(scale_row)(const T *x, T *y, const C *w, C r, size_t n, const T *pf, int flags) {
+    V vr = V_SET(r);
+    size_t head;
+    int stream = FN(plan_stream)(y, NULL, n, flags, &head);
+    int before = (flags & RMS_CAST_BEFORE) != 0;
+    if (w) {
+        if (before)
+            RMS_SCALE_CASE(1, 1);
+        else
+            RMS_SCALE_CASE(1, 0);
+    } else {
+        if (before)
+            RMS_SCALE_CASE(0, 1);
+        else
+            RMS_SCALE_CASE(0, 0);
+    }
+}
+
+static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n, int flags) {
+    FN(scale_row)((const T *)x, (T *)y, (const C *)w, (C)r, n, NULL, flags);
+    if (flags & RMS_STREAM)
+        V_FENCE();
+}
+
 static void FN(fwd_rows)(const void *xv, ptrdiff_t xs, void *yv, ptrdiff_t ys, const void *w,
                          void *rstdv, size_t m, size_t k, double eps, int flags) {
     const T *x = (const T *)xv;
@@ -244,84 +306,75 @@ static void FN(fwd_rows)(const void *xv, ptrdiff_t xs, void *yv, ptrdiff_t ys, c
         V_FENCE();
 }
 
+/* ---------------------------------------------------------------- residual add */
+
 /* Residual add: h = round(x + r). The first pass only reads; the second recomputes h from the
  * cached row, so h and y can both be streamed and h may alias x or r. */
-static double FN(add_sumsq)(const void *x, const void *r, size_t n) {
-    return FN(reduce)((const T *)x, (const T *)r, NULL, n, RMS_ADDSQ);
+RMS_INLINE void FN(add_vec)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t t,
+                            const int hasw, const int before, const int nt) {
+    V hv = V_RND(V_ADD(LDX(x, t), LDX(r, t)));
+    V v = V_MUL(hv, vr);
+    if (before)
+        v = V_RND(v);
+    if (hasw)
+        v = V_MUL(v, LDCX(w, t));
+    if (nt && t == W) {
+        V_STNT(h, hv);
+        V_STNT(y, v);
+    } else {
+        STX(h, hv, t);
+        STX(y, v, t);
+    }
 }
 
 RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t n,
-                             const int hasw, const int before, const int nt) {
-    size_t i = 0;
+                             size_t head, const T *pfx, const T *pfr, const int hasw,
+                             const int before, const int nt) {
+    size_t i = head;
+    if (head)
+        FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, 0);
     for (; i + W <= n; i += W) {
-        V hv = V_RND(V_ADD(V_LD(x + i), V_LD(r + i)));
-        V t = V_MUL(hv, vr);
-        if (before)
-            t = V_RND(t);
-        if (hasw)
-            t = V_MUL(t, V_LDC(w + i));
-        if (nt) {
-            V_STNT(h + i, hv);
-            V_STNT(y + i, t);
-        } else {
-            V_ST(h + i, hv);
-            V_ST(y + i, t);
+        if (pfx) {
+            RMS_PREFETCH(pfx + i);
+            RMS_PREFETCH(pfr + i);
         }
+        FN(add_vec)(x + i, r + i, h + i, y + i, hasw ? w + i : w, vr, W, hasw, before, nt);
     }
-    if (i < n) {
-        T xb[W], rb[W], hb[W], yb[W];
-        C wb[W];
-        RMS_PAD(xb, x + i, n - i);
-        RMS_PAD(rb, r + i, n - i);
-        V hv = V_RND(V_ADD(V_LD(xb), V_LD(rb)));
-        V t = V_MUL(hv, vr);
-        if (before)
-            t = V_RND(t);
-        if (hasw) {
-            RMS_PAD(wb, w + i, n - i);
-            t = V_MUL(t, V_LDC(wb));
-        }
-        V_ST(hb, hv);
-        V_ST(yb, t);
-        memcpy(h + i, hb, (n - i) * sizeof(T));
-        memcpy(y + i, yb, (n - i) * sizeof(T));
-    }
+    if (i < n)
+        FN(add_vec)(x + i, r + i, h + i, y + i, hasw ? w + i : w, vr, n - i, hasw, before, 0);
 }
 
 #define RMS_ADD_CASE(hw, bf)                                                                   \
     do {                                                                                       \
-        FN(add_span)(x, r, h, y, w, vr, head, hw, bf, 0);                                      \
         if (stream)                                                                            \
-            FN(add_span)(x + head, r + head, h + head, y + head, hw ? w + head : w, vr,        \
-                         n - head, hw, bf, 1);                                                 \
+            FN(add_span)(x, r, h, y, w, vr, n, head, pfx, pfr, hw, bf, 1);                     \
         else                                                                                   \
-            FN(add_span)(x + head, r + head, h + head, y + head, hw ? w + head : w, vr,        \
-                         n - head, hw, bf, 0);                                                 \
+            FN(add_span)(x, r, h, y, w, vr, n, head, pfx, pfr, hw, bf, 0);                     \
     } while (0)
 
 static void FN(add_scale_row)(const T *x, const T *r, T *h, T *y, const C *w, C rs, size_t n,
-                              int flags) {
+                              const T *pfx, const T *pfr, int flags) {
     V vr = V_SET(rs);
-    size_t head = 0;
-    int stream = 0;
-    if (flags & RMS_STREAM) {
-        head = FN(stream_head)(y, n);
-        /* both outputs must reach the alignment at the same element */
-        stream = head != (size_t)-1 && head == FN(stream_head)(h, n);
-        if (!stream)
-            head = 0;
-    }
+    size_t head;
+    int stream = FN(plan_stream)(y, h, n, flags, &head);
     int before = (flags & RMS_CAST_BEFORE) != 0;
     if (w) {
-        if (before) RMS_ADD_CASE(1, 1); else RMS_ADD_CASE(1, 0);
+        if (before)
+            RMS_ADD_CASE(1, 1);
+        else
+            RMS_ADD_CASE(1, 0);
     } else {
-        if (before) RMS_ADD_CASE(0, 1); else RMS_ADD_CASE(0, 0);
+        if (before)
+            RMS_ADD_CASE(0, 1);
+        else
+            RMS_ADD_CASE(0, 0);
     }
 }
 
 static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const void *w,
                           double rs, size_t n, int flags) {
-    FN(add_scale_row)((const T *)x, (const T *)r, (T *)h, (T *)y, (const C *)w, (C)rs, n, flags);
+    FN(add_scale_row)((const T *)x, (const T *)r, (T *)h, (T *)y, (const C *)w, (C)rs, n, NULL,
+                      NULL, flags);
     if (flags & RMS_STREAM)
         V_FENCE();
 }
@@ -334,76 +387,59 @@ static void FN(add_rows)(const void *xv, ptrdiff_t xs, const void *rv, ptrdiff_t
     C *rstd = (C *)rstdv;
     for (size_t i = 0; i < m; i++) {
         const T *xr = x + (ptrdiff_t)i * xs, *rr = r + (ptrdiff_t)i * rs;
+        int last = i + 1 == m;
         C q = (C)FN(rstd)(FN(add_sumsq)(xr, rr, k), xr, rr, k, eps);
         rstd[i] = q;
         FN(add_scale_row)(xr, rr, h + (ptrdiff_t)i * hs, y + (ptrdiff_t)i * ys, (const C *)w, q,
-                          k, flags);
+                          k, last ? NULL : xr + xs, last ? NULL : rr + rs, flags);
     }
     if (flags & RMS_STREAM)
         V_FENCE();
 }
 
-/* Backward. Per row, s = sum(dy * w * x); then dx = r * dy * w - (r^3 s / k) * x, and the
- * dgamma partial row gains dy * x * r in the same pass. */
-static double FN(dot)(const void *dy, const void *x, const void *w, size_t n) {
-    if (w)
-        return FN(reduce)((const T *)dy, (const T *)x, (const C *)w, n, RMS_DOTW);
-    return FN(reduce)((const T *)dy, (const T *)x, NULL, n, RMS_DOT);
-}
+/* ---------------------------------------------------------------- backward */
 
-RMS_INLINE V FN(bwd_elem)(V dyv, V xv, V wv, V vr, V vc, C *dg, const int hasw, const int hasdg) {
-    V g = hasw ? V_MUL(dyv, wv) : dyv;
+/* Per row, with xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and
+ * the dgamma partial row gains dy * xhat in the same pass. Every intermediate stays near the
+ * scale of dy, so huge or tiny rows neither overflow nor underflow. */
+RMS_INLINE void FN(bwd_vec)(const T *dy, const T *x, const C *w, T *dx, C *dg, V vr, V vc,
+                            size_t t, const int hasw, const int hasdg, const int nt) {
+    V dyv = LDX(dy, t), xh = V_MUL(LDX(x, t), vr);
+    V g = hasw ? V_MUL(dyv, LDCX(w, t)) : dyv;
     if (hasdg)
-        V_STC(dg, V_ADD(V_LDC(dg), V_MUL(V_MUL(dyv, xv), vr)));
-    return V_SUB(V_MUL(vr, g), V_MUL(vc, xv));
+        STCX(dg, V_FMA(dyv, xh, LDCX(dg, t)), t);
+    V o = V_MUL(vr, V_SUB(g, V_MUL(xh, vc)));
+    if (nt && t == W)
+        V_STNT(dx, o);
+    else
+        STX(dx, o, t);
 }
 
-RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, V vr, V vc, C *dg,
-                             size_t n, const T *pdy, const T *px, const int hasw, const int hasdg,
-                             const int nt) {
-    size_t i = 0;
-    V one = V_SET((C)1);
+RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, V vr, V vc,
+                             size_t n, size_t head, const T *pdy, const T *px, const int hasw,
+                             const int hasdg, const int nt) {
+    size_t i = head;
+    if (head)
+        FN(bwd_vec)(dy, x, w, dx, dg, vr, vc, head, hasw, hasdg, 0);
     for (; i + W <= n; i += W) {
         if (pdy) {
             RMS_PREFETCH(pdy + i);
             RMS_PREFETCH(px + i);
         }
-        V o = FN(bwd_elem)(V_LD(dy + i), V_LD(x + i), hasw ? V_LDC(w + i) : one, vr, vc,
-                           hasdg ? dg + i : dg, hasw, hasdg);
-        if (nt)
-            V_STNT(dx + i, o);
-        else
-            V_ST(dx + i, o);
+        FN(bwd_vec)(dy + i, x + i, hasw ? w + i : w, dx + i, hasdg ? dg + i : dg, vr, vc, W,
+                    hasw, hasdg, nt);
     }
-    if (i < n) {
-        T db[W], xb[W], ob[W];
-        C wb[W], gb[W];
-        RMS_PAD(db, dy + i, n - i);
-        RMS_PAD(xb, x + i, n - i);
-        if (hasw)
-            RMS_PAD(wb, w + i, n - i);
-        if (hasdg)
-            RMS_PAD(gb, dg + i, n - i);
-        V_ST(ob, FN(bwd_elem)(V_LD(db), V_LD(xb), hasw ? V_LDC(wb) : one, vr, vc, gb, hasw,
-                              hasdg));
-        memcpy(dx + i, ob, (n - i) * sizeof(T));
-        if (hasdg)
-            memcpy(dg + i, gb, (n - i) * sizeof(C));
-    }
+    if (i < n)
+        FN(bwd_vec)(dy + i, x + i, hasw ? w + i : w, dx + i, hasdg ? dg + i : dg, vr, vc, n - i,
+                    hasw, hasdg, 0);
 }
 
 #define RMS_BWD_CASE(hw, hg)                                                                   \
     do {                                                                                       \
-        FN(bwd_span)(dy, x, w, dx, vr, vc, dg, head, pdy, px, hw, hg, 0);                      \
-        const C *w1 = hw ? w + head : w;                                                       \
-        C *g1 = hg ? dg + head : dg;                                                           \
-        const T *pdy1 = pdy ? pdy + head : NULL, *px1 = pdy ? px + head : NULL;                \
         if (stream)                                                                            \
-            FN(bwd_span)(dy + head, x + head, w1, dx + head, vr, vc, g1, n - head, pdy1, px1,  \
-                         hw, hg, 1);                                                           \
+            FN(bwd_span)(dy, x, w, dx, dg, vr, vc, n, head, pdy, px, hw, hg, 1);               \
         else                                                                                   \
-            FN(bwd_span)(dy + head, x + head, w1, dx + head, vr, vc, g1, n - head, pdy1, px1,  \
-                         hw, hg, 0);                                                           \
+            FN(bwd_span)(dy, x, w, dx, dg, vr, vc, n, head, pdy, px, hw, hg, 0);               \
     } while (0)
 
 /* dx for one row (and its dgamma terms when dg is set); prefetches the next row's dy and x
@@ -411,14 +447,8 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, V vr, V
 static void FN(bwd_row)(const T *dy, const T *x, const C *w, T *dx, C r, C c, C *dg, size_t n,
                         const T *pdy, const T *px, int flags) {
     V vr = V_SET(r), vc = V_SET(c);
-    size_t head = 0;
-    int stream = 0;
-    if (flags & RMS_STREAM) {
-        head = FN(stream_head)(dx, n);
-        stream = head != (size_t)-1;
-        if (!stream)
-            head = 0;
-    }
+    size_t head;
+    int stream = FN(plan_stream)(dx, NULL, n, flags, &head);
     if (w && dg)
         RMS_BWD_CASE(1, 1);
     else if (w)
@@ -445,7 +475,7 @@ static void FN(bwd_rows)(const void *dyv, ptrdiff_t dys, const void *xv, ptrdiff
         const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
         int last = i + 1 == m;
         double r = (double)rstd[i];
-        double c = r * r * r * FN(dot)(dyr, xr, w, k) / (double)k;
+        double c = FN(dot)(dyr, xr, w, r, k) / (double)k;
         FN(bwd_row)(dyr, xr, (const C *)w, dx + (ptrdiff_t)i * dxs, (C)r, (C)c, (C *)dg, k,
                     last ? NULL : dyr + dys, last ? NULL : xr + xs, flags);
     }
@@ -465,3 +495,11 @@ static void FN(bwd_rows)(const void *dyv, ptrdiff_t dys, const void *xv, ptrdiff
 #undef V_STNT
 #undef V_STB
 #undef V_RND
+#undef V_LDP
+#undef V_STP
+#undef RMS_OWN_LDP
+#ifdef RMS_OWN_LDCP
+#undef RMS_OWN_LDCP
+#undef V_LDCP
+#undef V_STCP
+#endif

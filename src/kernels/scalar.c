@@ -12,6 +12,9 @@
 #define V_SUB(a, b) ((a) - (b))
 #define V_MUL(a, b) ((a) * (b))
 #define V_FENCE() ((void)0)
+/* one lane: a partial vector never occurs */
+#define V_LDCP(p, n) V_LDC(p)
+#define V_STCP(p, v, n) V_STC((p), (v))
 #define A double
 #define A_ZERO 0.0
 #define V_FMA(a, b, c) ((a) * (b) + (c))
@@ -26,6 +29,8 @@
 #define V_STNT V_ST
 #define V_STB 4
 #define V_RND(v) (v)
+#define V_LDP(p, n) V_LD(p)
+#define V_STP(p, v, n) V_ST((p), (v))
 #include "rows_impl.h"
 
 #define RMS_DT 2
@@ -35,6 +40,8 @@
 #define V_STNT V_ST
 #define V_STB 2
 #define V_RND(v) rms_f16_to_f32(rms_f32_to_f16(v))
+#define V_LDP(p, n) V_LD(p)
+#define V_STP(p, v, n) V_ST((p), (v))
 #include "rows_impl.h"
 
 #define RMS_DT 3
@@ -44,6 +51,8 @@
 #define V_STNT V_ST
 #define V_STB 2
 #define V_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))
+#define V_LDP(p, n) V_LD(p)
+#define V_STP(p, v, n) V_ST((p), (v))
 #include "rows_impl.h"
 
 #undef V
@@ -55,6 +64,8 @@
 #define V_STNT V_ST
 #define V_STB 8
 #define V_RND(v) (v)
+#define V_LDP(p, n) V_LD(p)
+#define V_STP(p, v, n) V_ST((p), (v))
 #include "rows_impl.h"
 
 const rms_isa_table rms_isa_scalar = {

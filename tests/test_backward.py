@@ -1,0 +1,134 @@
+"""rms_norm_backward vs the float64 oracle (dx, dgamma) over dtypes x shapes x ISAs x
+threads, and a float64 finite-difference gradient check of the forward."""
+
+import numpy as np
+import pytest
+
+import oracle
+import rmsnorm
+from oracle import ALL_DTYPES, F64, SHAPE_IDS, SHAPES, dtype_id
+
+
+def run_and_check(x, gamma, dy, offset=0.0, eps=1e-6):
+    y, rstd = rmsnorm.rms_norm(x, gamma, eps, offset=offset)
+    dx, dgamma = rmsnorm.rms_norm_backward(dy, x, gamma, rstd, offset=offset)
+    dx64, dg64, scale, dg_abs = oracle.backward(dy, x, gamma, rstd, offset=offset)
+    oracle.assert_dx_close(dx, dx64, scale, x.dtype)
+    if gamma is None:
+        assert dgamma is None
+    else:
+        oracle.assert_dgamma_close(dgamma, dg64, dg_abs, gamma.dtype, x.dtype)
+    return dx, dgamma
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_backward_matches_oracle(dtype, shape, isa_threads, rng):
+    _, xs, gs = shape
+    x = oracle.make_x(rng, xs, dtype, lead_ndim=len(xs) - len(gs))
+    gamma = oracle.make_gamma(rng, gs, dtype)
+    dy = oracle.make_x(rng, xs, dtype, spread=False)
+    dx, dgamma = run_and_check(x, gamma, dy)
+    assert dx.shape == xs and dgamma.shape == gs
+
+
+@pytest.mark.parametrize("offset", (0.0, 1.0))
+@pytest.mark.parametrize("gamma_dtype", ALL_DTYPES, ids=lambda d: "g" + dtype_id(d))
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_backward_gamma_dtypes_and_offset(dtype, gamma_dtype, offset, rng):
+    x = oracle.make_x(rng, (9, 77), dtype)
+    gamma = oracle.make_gamma(rng, (77,), gamma_dtype)
+    dy = oracle.make_x(rng, (9, 77), dtype, spread=False)
+    run_and_check(x, gamma, dy, offset=offset)
+
+
+@pytest.mark.parametrize("shape", [(5, 17), (3, 4, 33), (1025,), (0, 8)], ids=str)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_backward_gamma_none(dtype, shape, isa_threads, rng):
+    x = oracle.make_x(rng, shape, dtype)
+    dy = oracle.make_x(rng, shape, dtype, spread=False)
+    run_and_check(x, None, dy)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_zero_dy_gives_zero_gradients(dtype, rng):
+    x = oracle.make_x(rng, (6, 40), dtype)
+    gamma = oracle.make_gamma(rng, (40,), dtype)
+    _, rstd = rmsnorm.rms_norm(x, gamma)
+    dx, dg = rmsnorm.rms_norm_backward(np.zeros_like(x), x, gamma, rstd)
+    assert not np.any(oracle.as_f64(dx)) and not np.any(oracle.as_f64(dg))
+
+
+def test_backward_uses_given_rstd(rng):
+    """dx must be computed from the rstd argument (the saved forward state)."""
+    x = rng.standard_normal((3, 50))
+    gamma = rng.uniform(0.5, 1.5, 50)
+    dy = rng.standard_normal((3, 50))
+    _, rstd = rmsnorm.rms_norm(x, gamma)
+    dx1, _ = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx2, _ = rmsnorm.rms_norm_backward(dy, x, gamma, rstd * 2)
+    ref, _, scale, _ = oracle.backward(dy, x, gamma, rstd * 2)
+    assert not np.allclose(dx1, dx2)
+    oracle.assert_dx_close(dx2, ref, scale, F64)
+
+
+def test_dgamma_accumulates_over_all_leading_axes(rng):
+    x = rng.standard_normal((2, 3, 4, 5))
+    gamma = rng.uniform(0.5, 1.5, (4, 5))
+    dy = rng.standard_normal(x.shape)
+    _, rstd = rmsnorm.rms_norm(x, gamma)
+    assert rstd.shape == (2, 3)
+    _, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    expected = np.sum(dy * x * rstd[..., None, None], axis=(0, 1))
+    np.testing.assert_allclose(dg, expected, rtol=1e-12, atol=1e-14)
+
+
+# ---------------------------------------------------------------------------------------
+# finite differences (float64): L = sum(y * c)
+
+FD_CASES = [
+    ("2d", (3, 7), (7,)),
+    ("3d_gamma2d", (2, 3, 4), (3, 4)),
+    ("1d", (5,), (5,)),
+    ("gamma_none", (4, 6), None),
+]
+
+
+def _loss(x, gamma, c, eps, offset):
+    return float(np.sum(rmsnorm.rms_norm(x, gamma, eps, offset=offset)[0] * c))
+
+
+@pytest.mark.parametrize("offset", (0.0, 1.0))
+@pytest.mark.parametrize("eps", (1e-6, 0.5))
+@pytest.mark.parametrize("case", FD_CASES, ids=lambda c: c[0])
+def test_finite_differences(case, eps, offset, each_isa, rng):
+    _, xs, gs = case
+    x = rng.standard_normal(xs)
+    gamma = None if gs is None else rng.uniform(0.5, 1.5, gs)
+    c = rng.standard_normal(xs)
+    _, rstd = rmsnorm.rms_norm(x, gamma, eps, offset=offset)
+    dx, dgamma = rmsnorm.rms_norm_backward(c, x, gamma, rstd, offset=offset)
+
+    h = 1e-6
+    # central differences: truncation O(h^2) ~ 1e-12, roundoff ~ 1e-16/h ~ 1e-10
+    num = np.zeros(xs)
+    for idx in np.ndindex(*xs):
+        xp = x.copy()
+        xm = x.copy()
+        xp[idx] += h
+        xm[idx] -= h
+        num[idx] = (_loss(xp, gamma, c, eps, offset) - _loss(xm, gamma, c, eps, offset)) / (2 * h)
+    np.testing.assert_allclose(dx, num, rtol=1e-6, atol=1e-7)
+    assert np.max(np.abs(num)) > 1e-3  # the check is not vacuous
+
+    if gamma is None:
+        assert dgamma is None
+        return
+    numg = np.zeros(gs)
+    for idx in np.ndindex(*gs):
+        gp = gamma.copy()
+        gm = gamma.copy()
+        gp[idx] += h
+        gm[idx] -= h
+        numg[idx] = (_loss(x, gp, c, eps, offset) - _loss(x, gm, c, eps, offset)) / (2 * h)
+    np.testing.assert_allclose(dgamma, numg, rtol=1e-6, atol=1e-7)

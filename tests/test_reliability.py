@@ -1,0 +1,385 @@
+"""Edge values and robustness: NaN/Inf row isolation (also across a row split between
+threads), zero rows, overflowing squares, extreme sizes, concurrent use from Python threads
+while the ISA / thread count changes, and no reference or memory leaks."""
+
+import gc
+import os
+import sys
+import threading
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import oracle
+import rmsnorm
+from conftest import ISAS, using
+from oracle import ALL_DTYPES, F16, F32, F64, dtype_id
+
+# ---------------------------------------------------------------------------------------
+# NaN / Inf isolation
+
+
+@pytest.mark.parametrize("where", ("first", "middle", "tail", "second_half"))
+@pytest.mark.parametrize("bad", (np.nan, np.inf, -np.inf), ids=("nan", "inf", "-inf"))
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_nonfinite_row_isolation(dtype, bad, where, isa_threads, rng):
+    rows, n = 4, (300000 if where == "second_half" else 1031)
+    x = oracle.make_x(rng, (rows, n), dtype)
+    col = {"first": 0, "middle": n // 2, "tail": n - 1, "second_half": n - 1000}[where]
+    x[1, col] = bad
+    gamma = oracle.make_gamma(rng, (n,), dtype)
+    dy = oracle.make_x(rng, (rows, n), dtype, spread=False)
+    res = oracle.make_x(rng, (rows, n), dtype)
+    good = [0, 2, 3]
+
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    assert np.all(np.isnan(oracle.as_f64(y[1]))), "whole row must be NaN"
+    assert np.isnan(rstd[1])
+    y64, _, r64, _ = oracle.forward(x[good], gamma)
+    oracle.assert_y_close(y[good], y64, 1, dtype)
+    oracle.assert_rstd_close(rstd[good], r64, dtype)
+
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    assert np.all(np.isnan(oracle.as_f64(dx[1])))
+    dx64, _, scale, _ = oracle.backward(dy[good], x[good], gamma, rstd[good])
+    oracle.assert_dx_close(dx[good], dx64, scale, dtype)
+
+    # residual with the bad value: the same row of y is NaN, h keeps the value
+    yr, rr, h = rmsnorm.add_rms_norm(res, x, gamma)
+    assert np.all(np.isnan(oracle.as_f64(yr[1]))) and np.isnan(rr[1])
+    assert np.all(np.isfinite(oracle.as_f64(yr[good])))
+
+
+# ---------------------------------------------------------------------------------------
+# zero rows
+
+
+@pytest.mark.parametrize("n", (1, 7, 64, 1031))
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_all_zero_rows(dtype, n, each_isa, rng):
+    x = oracle.make_x(rng, (3, n), dtype)
+    x[1] = 0
+    gamma = oracle.make_gamma(rng, (n,), dtype)
+    # eps = 0: rstd = 1/sqrt(0) = inf, y = 0 * inf = NaN
+    y, rstd = rmsnorm.rms_norm(x, gamma, 0.0)
+    assert np.isposinf(rstd[1])
+    assert np.all(np.isnan(oracle.as_f64(y[1])))
+    y64, _, r64, _ = oracle.forward(x[[0, 2]], gamma, 0.0)
+    oracle.assert_y_close(y[[0, 2]], y64, 1, dtype)
+    # eps > 0: rstd = 1/sqrt(eps), y = 0
+    eps = 1e-2
+    y, rstd = rmsnorm.rms_norm(x, gamma, eps)
+    np.testing.assert_allclose(rstd[1], 1 / np.sqrt(eps), rtol=1e-7)
+    assert not np.any(oracle.as_f64(y[1]))
+    dy = oracle.make_x(rng, (3, n), dtype, spread=False)
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx64, dg64, scale, dg_abs = oracle.backward(dy, x, gamma, rstd)
+    oracle.assert_dx_close(dx, dx64, scale, dtype)  # zero row: dx = rstd * dy * w
+    oracle.assert_dgamma_close(dg, dg64, dg_abs, dtype, dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# huge and tiny values
+
+
+@pytest.mark.parametrize("magnitude", (1e160, 1e200, 1e300, 1.7e308), ids=str)
+def test_float64_overflowing_squares(magnitude, each_isa, rng):
+    n = 1029
+    x = rng.uniform(0.1, 1.0, (4, n)) * rng.choice([-1, 1], (4, n)) * magnitude
+    x[2, ::7] = 1.0  # mixed magnitudes in one row
+    x[3] = rng.standard_normal(n)  # a normal row next to them
+    gamma = rng.uniform(0.5, 1.5, n)
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(rstd)) and np.all(rstd > 0)
+    y64, _, r64, _ = oracle.forward(x, gamma)
+    oracle.assert_y_close(y, y64, 1, F64)
+    oracle.assert_rstd_close(rstd, r64, F64)
+    dy = rng.standard_normal((4, n))
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx64, dg64, scale, dg_abs = oracle.backward(dy, x, gamma, rstd)
+    oracle.assert_dx_close(dx, dx64, scale, F64)
+    oracle.assert_dgamma_close(dg, dg64, dg_abs, F64, F64)
+
+
+def test_float64_overflow_single_element_and_eps(each_isa):
+    x = np.array([[1e300], [-1.7e308], [3.0]])
+    y, rstd = rmsnorm.rms_norm(x, eps=1e-6)
+    np.testing.assert_allclose(y[:2, 0], [1.0, -1.0], rtol=1e-15)
+    np.testing.assert_allclose(rstd[:2], [1e-300, 1 / 1.7e308], rtol=1e-14)
+    y, rstd = rmsnorm.rms_norm(np.full((1, 4), 1e300), eps=1e-3)
+    np.testing.assert_allclose(y, 1.0, rtol=1e-15)
+
+
+@pytest.mark.parametrize("magnitude", (1e30, 3e38), ids=str)
+@pytest.mark.parametrize("dtype", (F32, oracle.BF16), ids=dtype_id)
+def test_float32_huge_values(dtype, magnitude, each_isa, rng):
+    n = 517
+    x = oracle.round_to(rng.uniform(0.1, 1.0, (3, n)) * rng.choice([-1, 1], (3, n))
+                        * magnitude, dtype)
+    gamma = oracle.make_gamma(rng, (n,), F32)
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    assert np.all(np.isfinite(oracle.as_f64(y))) and np.all(rstd > 0)
+    y64, _, r64, _ = oracle.forward(x, gamma)
+    oracle.assert_y_close(y, y64, 1, dtype)
+    oracle.assert_rstd_close(rstd, r64, dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype, magnitude",
+    [(F32, 1e30), (F32, 1e15), (F32, 1e-20), (F64, 1e160), (F64, 1e-120), (F64, 1e-5)],
+    ids=lambda v: dtype_id(v) if isinstance(v, np.dtype) else str(v),
+)
+def test_backward_extreme_magnitudes(dtype, magnitude, each_isa, rng):
+    """dx = rstd*(g - xhat*mean(g*xhat)) stays right for any row scale: forming it as
+    x*rstd**3*sum(g*x) over/underflows (rstd**2 = 1e-60 / 1e40 in float32)."""
+    n = 37
+    x = (rng.uniform(0.5, 1.5, (3, n)) * rng.choice([-1, 1], (3, n)) * magnitude).astype(dtype)
+    gamma = oracle.make_gamma(rng, (n,), dtype)
+    dy = rng.standard_normal((3, n)).astype(dtype)
+    y, rstd = rmsnorm.rms_norm(x, gamma, 0.0)
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx64, dg64, scale, dg_abs = oracle.backward(dy, x, gamma, rstd)
+    oracle.assert_dx_close(dx, dx64, scale, dtype)
+    oracle.assert_dgamma_close(dg, dg64, dg_abs, dtype, dtype)
+    # scale invariance: dx * magnitude is the same for every magnitude
+    ref_x = (x.astype(F64) / magnitude).astype(dtype)
+    _, r_ref = rmsnorm.rms_norm(ref_x, gamma, 0.0)
+    dx_ref, _ = rmsnorm.rms_norm_backward(dy, ref_x, gamma, r_ref)
+    np.testing.assert_allclose(dx.astype(F64) * magnitude, dx_ref, rtol=1e-4,
+                               atol=1e-4 * np.abs(dx_ref).max())
+
+
+# ---------------------------------------------------------------------------------------
+# extreme shapes
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_n_equals_one(dtype, isa_threads, rng):
+    x = oracle.make_x(rng, (257, 1), dtype)
+    gamma = oracle.make_gamma(rng, (1,), dtype)
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    y64, _, r64, _ = oracle.forward(x, gamma)
+    oracle.assert_y_close(y, y64, 1, dtype)
+    oracle.assert_rstd_close(rstd, r64, dtype)
+    dy = oracle.make_x(rng, (257, 1), dtype, spread=False)
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx64, dg64, scale, dg_abs = oracle.backward(dy, x, gamma, rstd)
+    oracle.assert_dx_close(dx, dx64, scale, dtype)
+    oracle.assert_dgamma_close(dg, dg64, dg_abs, dtype, dtype)
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+def test_one_long_row(threads, rng):
+    n = 2**22
+    x = rng.standard_normal((1, n)).astype(F32)
+    x[0, -5:] *= 1000  # the tail matters
+    gamma = rng.uniform(0.5, 1.5, n).astype(F32)
+    with using(threads=threads):
+        y, rstd = rmsnorm.rms_norm(x, gamma)
+    y64, _, r64, _ = oracle.forward(x, gamma)
+    oracle.assert_y_close(y, y64, 1, F32)
+    oracle.assert_rstd_close(rstd, r64, F32)
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+def test_a_million_rows_of_one(threads, rng):
+    x = rng.standard_normal((10**6, 1)).astype(F32)
+    with using(threads=threads):
+        y, rstd = rmsnorm.rms_norm(x, eps=1e-3)
+    assert rstd.shape == (10**6,)
+    y64, _, r64, _ = oracle.forward(x, None, 1e-3)
+    oracle.assert_y_close(y, y64, 1, F32)
+    oracle.assert_rstd_close(rstd, r64, F32)
+
+
+# ---------------------------------------------------------------------------------------
+# concurrency
+
+
+def test_concurrent_calls_with_changing_settings(rng):
+    """8 Python threads: 6 compute (all three functions, several dtypes) and check every
+    result, 2 keep switching the ISA and the thread count meanwhile."""
+    cases = []
+    for i, dt in enumerate((F32, F64, F16, oracle.BF16, F32, F64)):
+        x = oracle.make_x(rng, (64, 1000 + 13 * i), dt)
+        g = oracle.make_gamma(rng, x.shape[1:], F32)
+        res = oracle.make_x(rng, x.shape, dt)
+        dy = oracle.make_x(rng, x.shape, dt, spread=False)
+        h_ref, y64, _, r64, _ = oracle.add_rms_norm(x, res, g)
+        cases.append((x, g, res, dy, h_ref, y64, r64))
+    stop = time.monotonic() + 2.0
+    errors = []
+    counts = [0] * len(cases)
+    barrier = threading.Barrier(8)
+
+    def compute(i):
+        x, g, res, dy, h_ref, y64, r64 = cases[i]
+        barrier.wait()
+        try:
+            while time.monotonic() < stop:
+                y, rstd, h = rmsnorm.add_rms_norm(x, res, g)
+                assert oracle.bits_equal(h, h_ref)
+                oracle.assert_y_close(y, y64, 1, x.dtype)
+                oracle.assert_rstd_close(rstd, r64, x.dtype)
+                y2, _ = rmsnorm.rms_norm(h, g)
+                oracle.assert_y_close(y2, y64, 1, x.dtype)
+                dx, _ = rmsnorm.rms_norm_backward(dy, h, g, rstd)
+                assert dx.shape == x.shape and np.all(np.isfinite(oracle.as_f64(dx)))
+                counts[i] += 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((i, e))
+
+    def switch(seed):
+        r = np.random.default_rng(seed)
+        barrier.wait()
+        try:
+            while time.monotonic() < stop:
+                rmsnorm.set_isa(str(r.choice(ISAS)))
+                rmsnorm.set_num_threads(int(r.integers(1, 5)))
+                time.sleep(0.0005)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(("switch", e))
+
+    with using():
+        threads = [threading.Thread(target=compute, args=(i,)) for i in range(6)]
+        threads += [threading.Thread(target=switch, args=(s,)) for s in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors[:3]
+    assert all(c > 0 for c in counts)
+
+
+def test_threads_results_match_single_thread(rng):
+    """The result doesn't depend on the thread count beyond rounding."""
+    x = rng.standard_normal((3, 200003)).astype(F32)
+    with using(threads=1):
+        y1, r1 = rmsnorm.rms_norm(x)
+    for t in (2, 3, 4):
+        with using(threads=t):
+            y, r = rmsnorm.rms_norm(x)
+        np.testing.assert_allclose(r, r1, rtol=2.5e-7)
+        np.testing.assert_allclose(y, y1, rtol=0, atol=4e-6 * np.abs(y1).max())
+
+
+# ---------------------------------------------------------------------------------------
+# leaks
+
+
+def _mixed_calls(x, g, dy, rstd, out, bad_gamma):
+    rmsnorm.rms_norm(x, g)
+    rmsnorm.rms_norm(x, None)
+    rmsnorm.rms_norm(x, g, out=out)
+    rmsnorm.rms_norm_backward(dy, x, g, rstd)
+    rmsnorm.rms_norm_backward(dy, x, g, rstd, out=out)
+    rmsnorm.add_rms_norm(x, dy, g)
+    rmsnorm.add_rms_norm(x, dy, g, out=out)
+    rmsnorm.rms_norm([[1.0, 2.0]], [1, 2])
+    for call in (
+        lambda: rmsnorm.rms_norm(x, bad_gamma),
+        lambda: rmsnorm.rms_norm(x.astype(np.int32)),
+        lambda: rmsnorm.rms_norm_backward(dy, x, g, rstd[:-1]),
+        lambda: rmsnorm.rms_norm(x, g, -1.0),
+        lambda: rmsnorm.rms_norm(x, g, "a"),
+        lambda: rmsnorm.add_rms_norm(x, dy[:, :-1], g),
+    ):
+        try:
+            call()
+        except (ValueError, TypeError):
+            pass
+        else:
+            raise AssertionError("expected an error")
+
+
+def _leak_inputs(rng, n=64):
+    x = rng.standard_normal((8, n)).astype(F32)
+    g = rng.uniform(0.5, 1.5, n).astype(F32)
+    dy = rng.standard_normal((8, n)).astype(F32)
+    _, rstd = rmsnorm.rms_norm(x, g)
+    return x, g, dy, rstd, np.empty_like(x), np.ones(n + 1, F32)
+
+
+def test_no_refcount_leaks(rng):
+    args = _leak_inputs(rng)
+    _mixed_calls(*args)
+    before = [sys.getrefcount(a) for a in args]
+    for _ in range(500):
+        _mixed_calls(*args)
+    after = [sys.getrefcount(a) for a in args]
+    assert after == before, f"refcounts changed: {before} -> {after}"
+
+
+def test_no_memory_growth_tracemalloc(rng):
+    args = _leak_inputs(rng)
+    for _ in range(200):
+        _mixed_calls(*args)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for _ in range(200):
+            _mixed_calls(*args)
+        gc.collect()
+        start, _ = tracemalloc.get_traced_memory()
+        for _ in range(1500):  # x 14 calls = 21000 calls, 9000 of them raising
+            _mixed_calls(*args)
+        gc.collect()
+        end, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # one leaked array object (>= 100 bytes) per call would be >= 2 MB
+    assert end - start < 256 * 1024, f"traced memory grew by {end - start} bytes"
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+def test_no_rss_growth(rng):
+    # bigger arrays (128 KB per result): a leaked buffer per call would be GBs
+    args = _leak_inputs(rng, n=4096)
+    for _ in range(100):
+        _mixed_calls(*args)
+    gc.collect()
+    start = _rss_bytes()
+    for _ in range(1500):
+        _mixed_calls(*args)
+    gc.collect()
+    grown = _rss_bytes() - start
+    assert grown < 32 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB"
+
+
+# ---------------------------------------------------------------------------------------
+# > 2**31 elements
+
+
+@pytest.mark.slow
+def test_more_than_2_31_elements_float16(rng):
+    n = 4096
+    rows = 2**31 // n + 1  # 2**31 + 4096 elements, 4 GiB
+    x = np.zeros((rows, n), dtype=F16)  # untouched pages stay shared zero pages
+    check_rows = [0, rows // 2 + 1, rows - 2, rows - 1]  # the last row starts at 2**31
+    for r in check_rows:
+        x[r] = oracle.make_x(rng, (n,), F16)
+    gamma = oracle.make_gamma(rng, (n,), F32)
+    y, rstd = rmsnorm.rms_norm(x, gamma, 1e-6)
+    assert y.shape == x.shape and rstd.shape == (rows,)
+    y64, _, r64, _ = oracle.forward(x[check_rows], gamma, 1e-6)
+    oracle.assert_y_close(y[check_rows], y64, 1, F16)
+    oracle.assert_rstd_close(rstd[check_rows], r64, F16)
+    # the zero rows between them: y = 0, rstd = 1/sqrt(eps)
+    for r in (1, rows // 2, rows - 3):
+        assert not np.any(y[r].astype(F32))
+        np.testing.assert_allclose(rstd[r], 1e3, rtol=1e-6)
+    del y
+    dy = np.zeros_like(x)
+    for r in check_rows:
+        dy[r] = oracle.make_x(rng, (n,), F16, spread=False)
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx64, _, scale, _ = oracle.backward(dy[check_rows], x[check_rows], gamma, rstd[check_rows])
+    oracle.assert_dx_close(dx[check_rows], dx64, scale, F16)

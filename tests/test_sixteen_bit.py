@@ -1,0 +1,191 @@
+"""float16 / bfloat16: correct rounding vs the oracle for every gamma dtype x ISA x tail
+shape, overflow near 65504, NaN/Inf isolation, dgamma accumulation precision, agreement
+between ISAs, cast="before_weight", and dtype mismatches."""
+
+import re
+
+import numpy as np
+import pytest
+
+import oracle
+import rmsnorm
+from conftest import ISAS, using
+from oracle import ALL_DTYPES, BF16, F16, F32, SIXTEEN, TAILS, dtype_id
+
+GAMMA_IDS = lambda d: "g" + dtype_id(d)  # noqa: E731
+
+
+@pytest.mark.parametrize("n", TAILS, ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("gamma_dtype", ALL_DTYPES, ids=GAMMA_IDS)
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
+def test_forward_correctly_rounded(dtype, gamma_dtype, n, each_isa, rng):
+    x = oracle.make_x(rng, (6, n), dtype)
+    gamma = oracle.make_gamma(rng, (n,), gamma_dtype)
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    y64, _, r64, _ = oracle.forward(x, gamma)
+    oracle.assert_y_close(y, y64, 1, dtype)
+    oracle.assert_rstd_close(rstd, r64, dtype)
+
+
+@pytest.mark.parametrize("n", (7, 16, 33, 4097), ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("gamma_dtype", ALL_DTYPES, ids=GAMMA_IDS)
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
+def test_backward(dtype, gamma_dtype, n, each_isa, rng):
+    x = oracle.make_x(rng, (6, n), dtype)
+    gamma = oracle.make_gamma(rng, (n,), gamma_dtype)
+    dy = oracle.make_x(rng, (6, n), dtype, spread=False)
+    _, rstd = rmsnorm.rms_norm(x, gamma)
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx64, dg64, scale, dg_abs = oracle.backward(dy, x, gamma, rstd)
+    oracle.assert_dx_close(dx, dx64, scale, dtype)
+    oracle.assert_dgamma_close(dg, dg64, dg_abs, gamma_dtype, dtype)
+
+
+@pytest.mark.parametrize("gamma_dtype", ALL_DTYPES, ids=GAMMA_IDS)
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
+@pytest.mark.parametrize("n", (7, 33, 1025), ids=lambda n: f"N{n}")
+def test_cast_before_weight(dtype, gamma_dtype, n, each_isa, rng):
+    x = oracle.make_x(rng, (8, n), dtype)
+    # |w| spread so that the two roundings differ from one rounding in many elements
+    gamma = oracle.round_to(rng.uniform(-3, 3, n), gamma_dtype)
+    y, rstd = rmsnorm.rms_norm(x, gamma, cast="before_weight")
+    y64, y_bw, r64, _ = oracle.forward(x, gamma, cast="before_weight")
+    oracle.assert_y_close(y, y64, 1, dtype)
+    oracle.assert_rstd_close(rstd, r64, dtype)
+    # and it really is a different mode: where one and two roundings differ, the package
+    # picked the two-rounding value
+    _, y_end, _, _ = oracle.forward(x, gamma, cast="end")
+    if n >= 33:
+        differ = oracle.ulp_distance16(y_bw, y_end) > 0
+        assert differ.any()
+        ok = oracle.ulp_distance16(y, y_bw)[differ] == 0
+        assert ok.mean() >= 0.95
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
+def test_cast_end_vs_before_weight_default(dtype, rng):
+    """The default is cast="end"."""
+    x = oracle.make_x(rng, (16, 255), dtype)
+    gamma = oracle.round_to(rng.uniform(-3, 3, 255), F32)
+    y0, _ = rmsnorm.rms_norm(x, gamma)
+    y1, _ = rmsnorm.rms_norm(x, gamma, cast="end")
+    y2, _ = rmsnorm.rms_norm(x, gamma, cast="before_weight")
+    assert oracle.bits_equal(y0, y1)
+    assert not oracle.bits_equal(y0, y2)
+
+
+@pytest.mark.parametrize("gamma_dtype", (F32, F16), ids=GAMMA_IDS)
+def test_float16_near_max_does_not_overflow(gamma_dtype, each_isa, rng):
+    # x*x overflows float16 (65504**2 = 4.3e9); the math must be done in float32
+    x = (rng.uniform(30000, 65504, (5, 1031)) * rng.choice([-1, 1], (5, 1031))).astype(F16)
+    x[0, :] = 65504
+    x[1, :] = -65504
+    gamma = oracle.make_gamma(rng, (1031,), gamma_dtype)
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    assert np.all(np.isfinite(y.astype(np.float64)))
+    assert np.all(np.isfinite(rstd)) and np.all(rstd > 0)
+    y64, _, r64, _ = oracle.forward(x, gamma)
+    oracle.assert_y_close(y, y64, 1, F16)
+    oracle.assert_rstd_close(rstd, r64, F16)
+
+
+def test_float16_result_near_max_is_finite(each_isa):
+    # y = x*rstd*w with w = 65504: exactly representable maximum, must not become inf
+    x = np.full((3, 64), 65504, dtype=F16)
+    x[1] *= -1
+    x[2] = 1
+    gamma = np.full(64, 65504, dtype=F32)
+    y, _ = rmsnorm.rms_norm(x, gamma)
+    expected = np.where(x > 0, 65504, -65504).astype(F16)
+    np.testing.assert_array_equal(y, expected)
+
+
+@pytest.mark.parametrize("bad", (np.nan, np.inf, -np.inf), ids=("nan", "inf", "-inf"))
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
+def test_nonfinite_stays_in_its_row(dtype, bad, each_isa, rng):
+    x = oracle.make_x(rng, (7, 1033), dtype)
+    x[2, 500] = bad
+    x[5, 1032] = bad  # in the tail
+    gamma = oracle.make_gamma(rng, (1033,), F32)
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    bad_rows = [2, 5]
+    good = [i for i in range(7) if i not in bad_rows]
+    yf = oracle.as_f64(y)
+    assert np.all(np.isnan(yf[bad_rows])) and np.all(np.isnan(rstd[bad_rows]))
+    y64, _, r64, _ = oracle.forward(x[good], gamma)
+    oracle.assert_y_close(y[good], y64, 1, dtype)
+    oracle.assert_rstd_close(rstd[good], r64, dtype)
+    # backward: the bad rows give NaN dx, the others the right dx
+    dy = oracle.make_x(rng, (7, 1033), dtype, spread=False)
+    dx, _ = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    assert np.all(np.isnan(oracle.as_f64(dx)[bad_rows]))
+    dx64, _, scale, _ = oracle.backward(dy[good], x[good], gamma, rstd[good])
+    oracle.assert_dx_close(dx[good], dx64, scale, dtype)
+
+
+@pytest.mark.parametrize("gamma_dtype", SIXTEEN, ids=GAMMA_IDS)
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
+def test_dgamma_no_16bit_accumulation(dtype, gamma_dtype, each_isa, rng):
+    """4096 positive terms per column: summing in 16 bits would stall (adding ~0.5 to ~2000
+    in bfloat16 is lost entirely); the float32 sum rounded once matches the oracle rounded
+    once."""
+    rows, n = 4096, 40
+    x = oracle.round_to(rng.uniform(0.5, 1.5, (rows, n)), dtype)
+    dy = oracle.round_to(rng.uniform(0.0, 1.0, (rows, n)), dtype)
+    gamma = oracle.round_to(rng.uniform(0.5, 1.5, n), gamma_dtype)
+    _, rstd = rmsnorm.rms_norm(x, gamma)
+    _, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    assert dg.dtype == gamma_dtype
+    _, dg64, _, _ = oracle.backward(dy, x, gamma, rstd)
+    expected = oracle.round_to(dg64, gamma_dtype)
+    d = oracle.ulp_distance16(dg, expected)
+    assert d.max() <= 1, f"dgamma off by up to {d.max()} ulp: {dg[:4]} vs {expected[:4]}"
+    assert np.mean(d == 0) >= 0.9
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
+@pytest.mark.parametrize("n", (1, 15, 17, 1025, 17389), ids=lambda n: f"N{n}")
+def test_every_isa_agrees_with_scalar(dtype, n, rng):
+    x = oracle.make_x(rng, (9, n), dtype)
+    gamma = oracle.make_gamma(rng, (n,), F32)
+    with using("scalar", 1):
+        ref_y, ref_r = rmsnorm.rms_norm(x, gamma)
+        ref_h = rmsnorm.add_rms_norm(x, x[::-1].copy(), gamma)[2]
+    for isa in ISAS:
+        for threads in (1, 2):
+            with using(isa, threads):
+                y, r = rmsnorm.rms_norm(x, gamma)
+                h = rmsnorm.add_rms_norm(x, x[::-1].copy(), gamma)[2]
+            d = oracle.ulp_distance16(y, ref_y)
+            assert d.max(initial=0) <= 1, f"{isa} t{threads}: {d.max()} ulp from scalar"
+            np.testing.assert_allclose(r, ref_r, rtol=2.5e-7, err_msg=f"{isa} t{threads}")
+            assert oracle.bits_equal(h, ref_h), f"{isa} t{threads}: h differs"
+
+
+@pytest.mark.parametrize(
+    "a, b", [(F16, BF16), (BF16, F16), (BF16, F32), (F32, BF16), (F16, F32)],
+    ids=lambda d: dtype_id(d),
+)
+def test_mismatched_dtypes_raise(a, b, rng):
+    x = oracle.make_x(rng, (3, 8), a)
+    other = oracle.make_x(rng, (3, 8), b)
+    gamma = np.ones(8, dtype=F32)
+    _, rstd = rmsnorm.rms_norm(x, gamma)
+    with pytest.raises(TypeError, match=oracle.dtype_re(a)) as ei:
+        rmsnorm.rms_norm_backward(other, x, gamma, rstd)
+    assert re.search(oracle.dtype_re(b), str(ei.value))
+    with pytest.raises(TypeError, match=oracle.dtype_re(b)) as ei:
+        rmsnorm.add_rms_norm(x, other, gamma)
+    assert re.search(oracle.dtype_re(a), str(ei.value))
+
+
+def test_float16_subnormals(rng):
+    """Rows of float16 subnormals normalize like any other (eps=0); their squares are
+    normal float32 numbers, so no rescaling is needed for a correct result."""
+    dtype = F16
+    tiny = float(np.finfo(F16).smallest_subnormal)
+    x = oracle.round_to(rng.integers(1, 64, (4, 40)) * tiny * rng.choice([-1, 1], (4, 40)), F16)
+    y, rstd = rmsnorm.rms_norm(x, eps=0.0)
+    y64, _, r64, _ = oracle.forward(x, eps=0.0)
+    oracle.assert_y_close(y, y64, 1, dtype)
+    oracle.assert_rstd_close(rstd, r64, dtype)
