@@ -211,12 +211,24 @@ static void fwd_team(const rms_kernels *kt, const rms_fwd_args *a, int nt, int f
     }
 }
 
+/* Stream an output of `bytes` in rows of k elements, `stride` apart, from `p`? Only when it
+ * would not fit in the cache, and only when rows start on cache lines or are long: a cache line
+ * that gets both streamed and ordinary stores (at row ends) costs more than streaming saves. */
+static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes) {
+    if (bytes < stream_bytes)
+        return 0;
+    int lines = (uintptr_t)p % 64 == 0 && ((size_t)stride * es) % 64 == 0;
+    return lines || k * es >= 8192;
+}
+
 void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads) {
     size_t total = a->m * a->k, es = esize(a->dtype);
     if (total == 0)
         return;
     int flags = a->flags;
-    if (total * es * (a->r ? 2 : 1) >= stream_bytes)
+    size_t bytes = total * es * (a->r ? 2 : 1);
+    if (streamable(a->y, a->ys, a->k, es, bytes) &&
+        (!a->r || streamable(a->h, a->hs, a->k, es, bytes)))
         flags |= RMS_STREAM;
     int nt = team_size(total, nthreads);
     if (nt <= 1)
@@ -324,7 +336,9 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
         memset(a->dgamma, 0, a->k * cs);
     if (total == 0)
         return 0;
-    int flags = total * esize(a->dtype) >= stream_bytes ? RMS_STREAM : 0;
+    int flags = streamable(a->dx, a->dxs, a->k, esize(a->dtype), total * esize(a->dtype))
+                    ? RMS_STREAM
+                    : 0;
     int nt = team_size(total, nthreads);
     if (nt <= 1) {
         bwd_rows(kt, a, 0, a->m, a->dgamma, esize(a->dtype), cs, flags);

@@ -290,17 +290,33 @@ static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n,
         V_FENCE();
 }
 
+/* Rows per group: short rows are summed a group at a time so that the latency of each row's
+ * reduction, square root and division overlaps the others; the group stays in L1 for the
+ * second read. */
+#define RMS_GROUP 8
+static inline size_t FN(group)(size_t k) {
+    size_t g = (16 * 1024) / (k * sizeof(T) + 1);
+    return g < 1 ? 1 : g > RMS_GROUP ? RMS_GROUP : g;
+}
+
 static void FN(fwd_rows)(const void *xv, ptrdiff_t xs, void *yv, ptrdiff_t ys, const void *w,
                          void *rstdv, size_t m, size_t k, double eps, int flags) {
     const T *x = (const T *)xv;
     T *y = (T *)yv;
     C *rstd = (C *)rstdv;
-    for (size_t i = 0; i < m; i++) {
-        const T *xr = x + (ptrdiff_t)i * xs;
-        C r = (C)FN(rstd)(FN(sumsq)(xr, k), xr, NULL, k, eps);
-        rstd[i] = r;
-        FN(scale_row)(xr, y + (ptrdiff_t)i * ys, (const C *)w, r, k, i + 1 < m ? xr + xs : NULL,
-                      flags);
+    size_t g = FN(group)(k);
+    for (size_t i = 0; i < m; i += g) {
+        size_t n = m - i < g ? m - i : g;
+        double ss[RMS_GROUP];
+        for (size_t j = 0; j < n; j++)
+            ss[j] = FN(sumsq)(x + (ptrdiff_t)(i + j) * xs, k);
+        for (size_t j = 0; j < n; j++)
+            rstd[i + j] = (C)FN(rstd)(ss[j], x + (ptrdiff_t)(i + j) * xs, NULL, k, eps);
+        for (size_t j = 0; j < n; j++) {
+            const T *xr = x + (ptrdiff_t)(i + j) * xs;
+            FN(scale_row)(xr, y + (ptrdiff_t)(i + j) * ys, (const C *)w, rstd[i + j], k,
+                          i + j + g < m ? xr + (ptrdiff_t)g * xs : NULL, flags);
+        }
     }
     if (flags & RMS_STREAM)
         V_FENCE();
@@ -385,13 +401,22 @@ static void FN(add_rows)(const void *xv, ptrdiff_t xs, const void *rv, ptrdiff_t
     const T *x = (const T *)xv, *r = (const T *)rv;
     T *h = (T *)hv, *y = (T *)yv;
     C *rstd = (C *)rstdv;
-    for (size_t i = 0; i < m; i++) {
-        const T *xr = x + (ptrdiff_t)i * xs, *rr = r + (ptrdiff_t)i * rs;
-        int last = i + 1 == m;
-        C q = (C)FN(rstd)(FN(add_sumsq)(xr, rr, k), xr, rr, k, eps);
-        rstd[i] = q;
-        FN(add_scale_row)(xr, rr, h + (ptrdiff_t)i * hs, y + (ptrdiff_t)i * ys, (const C *)w, q,
-                          k, last ? NULL : xr + xs, last ? NULL : rr + rs, flags);
+    size_t g = FN(group)(2 * k);
+    for (size_t i = 0; i < m; i += g) {
+        size_t n = m - i < g ? m - i : g;
+        double ss[RMS_GROUP];
+        for (size_t j = 0; j < n; j++)
+            ss[j] = FN(add_sumsq)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs, k);
+        for (size_t j = 0; j < n; j++)
+            rstd[i + j] = (C)FN(rstd)(ss[j], x + (ptrdiff_t)(i + j) * xs,
+                                      r + (ptrdiff_t)(i + j) * rs, k, eps);
+        for (size_t j = 0; j < n; j++) {
+            const T *xr = x + (ptrdiff_t)(i + j) * xs, *rr = r + (ptrdiff_t)(i + j) * rs;
+            int last = i + j + g >= m;
+            FN(add_scale_row)(xr, rr, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys,
+                              (const C *)w, rstd[i + j], k, last ? NULL : xr + (ptrdiff_t)g * xs,
+                              last ? NULL : rr + (ptrdiff_t)g * rs, flags);
+        }
     }
     if (flags & RMS_STREAM)
         V_FENCE();
@@ -471,13 +496,21 @@ static void FN(bwd_rows)(const void *dyv, ptrdiff_t dys, const void *xv, ptrdiff
     const T *dy = (const T *)dyv, *x = (const T *)xv;
     T *dx = (T *)dxv;
     const C *rstd = (const C *)rstdv;
-    for (size_t i = 0; i < m; i++) {
-        const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
-        int last = i + 1 == m;
-        double r = (double)rstd[i];
-        double c = FN(dot)(dyr, xr, w, r, k) / (double)k;
-        FN(bwd_row)(dyr, xr, (const C *)w, dx + (ptrdiff_t)i * dxs, (C)r, (C)c, (C *)dg, k,
-                    last ? NULL : dyr + dys, last ? NULL : xr + xs, flags);
+    size_t g = FN(group)(2 * k);
+    for (size_t i = 0; i < m; i += g) {
+        size_t n = m - i < g ? m - i : g;
+        double c[RMS_GROUP];
+        for (size_t j = 0; j < n; j++)
+            c[j] = FN(dot)(dy + (ptrdiff_t)(i + j) * dys, x + (ptrdiff_t)(i + j) * xs, w,
+                           (double)rstd[i + j], k) /
+                   (double)k;
+        for (size_t j = 0; j < n; j++) {
+            const T *dyr = dy + (ptrdiff_t)(i + j) * dys, *xr = x + (ptrdiff_t)(i + j) * xs;
+            int last = i + j + g >= m;
+            FN(bwd_row)(dyr, xr, (const C *)w, dx + (ptrdiff_t)(i + j) * dxs, rstd[i + j],
+                        (C)c[j], (C *)dg, k, last ? NULL : dyr + (ptrdiff_t)g * dys,
+                        last ? NULL : xr + (ptrdiff_t)g * xs, flags);
+        }
     }
     if (flags & RMS_STREAM)
         V_FENCE();
