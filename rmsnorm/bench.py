@@ -213,6 +213,20 @@ class Workload:
         return self.rng.standard_normal(self.shape, dtype=np.float32).astype(self.dtype)
 
 
+def aligned_empty(shape, dtype, align: int = 4096) -> np.ndarray:
+    """An uninitialised page-aligned array, aligned as rmsnorm's own large outputs are (and as
+    the roofline's buffers are, so that neither side gains from alignment)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buf = np.empty(nbytes + align, np.uint8)
+    start = (-buf.ctypes.data) % align
+    return buf[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_empty_like(a: np.ndarray) -> np.ndarray:
+    return aligned_empty(a.shape, a.dtype)
+
+
 def roofline_call(op: str, nbytes: int) -> Callable:
     """The copy/triad calls that move the same bytes as `op` at the current thread count.
 
@@ -220,7 +234,11 @@ def roofline_call(op: str, nbytes: int) -> Callable:
     timed call). Reusing our arrays would hand the copy cache lines our call just left dirty.
     """
     count = -(-nbytes // 4)  # 16-bit data: float32 buffers of half the length
-    buffers = iter([np.full(count, 1.0, np.float32) for _ in range(ARRAYS_MOVED[op])])
+    buffers = []
+    for _ in range(ARRAYS_MOVED[op]):
+        buffers.append(aligned_empty((count,), np.float32))
+        buffers[-1].fill(1.0)
+    buffers = iter(buffers)
     steps = []
     for kind in ROOFLINE[op]:
         if kind == "copy":
@@ -278,7 +296,7 @@ def build_contenders(op: str, w: Workload, peers: Peers, args) -> dict:
 
 def _fwd(w: Workload, peers: Peers, alloc: bool) -> dict:
     x, g = w.x, w.gamma
-    y = None if alloc else np.empty_like(x)
+    y = None if alloc else aligned_empty_like(x)
     calls = {"ours": lambda: rmsnorm.rms_norm(x, g, EPS, out=y), "numpy": lambda: numpy_fwd(x, g)}
     if peers.torch is not None:
         torch = peers.torch
@@ -294,7 +312,7 @@ def _fwd(w: Workload, peers: Peers, alloc: bool) -> dict:
 def _bwd(w: Workload, peers: Peers, alloc: bool) -> dict:
     x, g, dy = w.x, w.gamma, w.random()
     rstd = rmsnorm.rms_norm(x, g, EPS)[1]
-    dx = None if alloc else np.empty_like(x)
+    dx = None if alloc else aligned_empty_like(x)
     calls = {
         "ours": lambda: rmsnorm.rms_norm_backward(dy, x, g, rstd, out=dx),
         "numpy": lambda: numpy_bwd(dy, x, g, rstd),
@@ -317,7 +335,7 @@ def _bwd(w: Workload, peers: Peers, alloc: bool) -> dict:
 
 def _add(w: Workload, peers: Peers, alloc: bool) -> dict:
     x, g, r = w.x, w.gamma, w.random()
-    y, h = (None, None) if alloc else (np.empty_like(x), np.empty_like(x))
+    y, h = (None, None) if alloc else (aligned_empty_like(x), aligned_empty_like(x))
 
     def unfused():  # writes the same out buffers as ours: both overwrite them every call
         total = np.add(x, r) if alloc else np.add(x, r, out=h)
