@@ -284,7 +284,9 @@ static void reduce_columns(const rms_bwd_args *a, const char *parts, const share
     }
 }
 
-static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char *parts,
+/* dg_rows: the [threads x k] partial rows, or NULL when dgamma is written directly (no
+ * weight, or a single row, whose columns each thread owns). */
+static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char *dg_rows,
                      int flags) {
     share sh[RMS_MAX_THREADS];
     size_t es = esize(a->dtype), cs = csize(a->dtype), k = a->k;
@@ -293,8 +295,8 @@ static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char 
     {
         int t = thread_id();
         share s = split(a->m * k, k, t, nt);
-        char *dg = parts ? parts + (size_t)t * k * cs : NULL;
-        if (dg) {
+        char *dg = dg_rows ? dg_rows + (size_t)t * k * cs : (char *)a->dgamma;
+        if (dg_rows) {
             size_t lo, hi;
             touched(&s, k, &lo, &hi);
             if (hi > lo)
@@ -322,9 +324,9 @@ static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char 
                     AT(a->dx, p->row, a->dxs, p->c0, es), r, c, dg ? dg + p->c0 * cs : NULL,
                     p->c1 - p->c0, flags);
         }
-        if (parts) {
+        if (dg_rows) {
 #pragma omp barrier
-            reduce_columns(a, parts, sh, nt, k * (size_t)t / (size_t)nt,
+            reduce_columns(a, dg_rows, sh, nt, k * (size_t)t / (size_t)nt,
                            k * (size_t)(t + 1) / (size_t)nt);
         }
     }
@@ -332,23 +334,25 @@ static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char 
 
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
     size_t total = a->m * a->k, cs = csize(a->dtype);
-    if (a->dgamma)
-        memset(a->dgamma, 0, a->k * cs);
-    if (total == 0)
-        return 0;
     int flags = streamable(a->dx, a->dxs, a->k, esize(a->dtype), total * esize(a->dtype))
                     ? RMS_STREAM
                     : 0;
+    if (a->m == 1) /* one row: dgamma = dy * xhat, stored, not accumulated */
+        flags |= RMS_DG_STORE;
+    else if (a->dgamma)
+        memset(a->dgamma, 0, a->k * cs);
+    if (total == 0)
+        return 0;
     int nt = team_size(total, nthreads);
     if (nt <= 1) {
         bwd_rows(kt, a, 0, a->m, a->dgamma, esize(a->dtype), cs, flags);
         return 0;
     }
-    char *parts = NULL;
-    if (a->dgamma && !(parts = malloc((size_t)nt * a->k * cs)))
+    char *dg_rows = NULL;
+    if (a->dgamma && a->m > 1 && !(dg_rows = malloc((size_t)nt * a->k * cs)))
         return -1;
-    bwd_team(kt, a, nt, parts, flags);
-    free(parts);
+    bwd_team(kt, a, nt, dg_rows, flags);
+    free(dg_rows);
     return 0;
 }
 

@@ -12,7 +12,8 @@ enum rms_dtype { RMS_F32 = 0, RMS_F64 = 1, RMS_F16 = 2, RMS_BF16 = 3, RMS_NDTYPE
 /* Flags for the scaling passes. */
 enum {
     RMS_CAST_BEFORE = 1, /* round x*rstd to the storage type before multiplying by w */
-    RMS_STREAM = 2       /* non-temporal stores for outputs larger than the cache */
+    RMS_STREAM = 2,      /* non-temporal stores for outputs larger than the cache */
+    RMS_DG_STORE = 4     /* backward: store dgamma terms instead of accumulating (one row) */
 };
 
 /* A 2-D view: m rows of k contiguous elements, consecutive rows `stride` elements apart

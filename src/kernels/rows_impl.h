@@ -425,14 +425,16 @@ static void FN(add_rows)(const void *xv, ptrdiff_t xs, const void *rv, ptrdiff_t
 /* ---------------------------------------------------------------- backward */
 
 /* Per row, with xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and
- * the dgamma partial row gains dy * xhat in the same pass. Every intermediate stays near the
+ * the dgamma partial row gains dy * xhat in the same pass (hasdg 1; hasdg 2 stores it). Every intermediate stays near the
  * scale of dy, so huge or tiny rows neither overflow nor underflow. */
 RMS_INLINE void FN(bwd_vec)(const T *dy, const T *x, const C *w, T *dx, C *dg, V vr, V vc,
                             size_t t, const int hasw, const int hasdg, const int nt) {
     V dyv = LDX(dy, t), xh = V_MUL(LDX(x, t), vr);
     V g = hasw ? V_MUL(dyv, LDCX(w, t)) : dyv;
-    if (hasdg)
+    if (hasdg == 1)
         STCX(dg, V_FMA(dyv, xh, LDCX(dg, t)), t);
+    else if (hasdg == 2)
+        STCX(dg, V_MUL(dyv, xh), t);
     V o = V_MUL(vr, V_SUB(g, V_MUL(xh, vc)));
     if (nt && t == W)
         V_STNT(dx, o);
@@ -474,7 +476,9 @@ static void FN(bwd_row)(const T *dy, const T *x, const C *w, T *dx, C r, C c, C 
     V vr = V_SET(r), vc = V_SET(c);
     size_t head;
     int stream = FN(plan_stream)(dx, NULL, n, flags, &head);
-    if (w && dg)
+    if (w && dg && (flags & RMS_DG_STORE))
+        RMS_BWD_CASE(1, 2);
+    else if (w && dg)
         RMS_BWD_CASE(1, 1);
     else if (w)
         RMS_BWD_CASE(1, 0);
