@@ -417,6 +417,9 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
 }
 
 /* offset + gamma as a contiguous array of the compute type, or NULL with *w = NULL for none. */
+/* offset + gamma as a contiguous array of the compute type, or NULL with *w = NULL for none.
+ * When gamma's own compute type is x's (every pairing but float64 with a narrower type), the
+ * kernels of gamma's dtype convert it; otherwise NumPy casts it. */
 static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int code, double offset,
                         PyArrayObject **g, PyArrayObject **w) {
     int gcode;
@@ -429,22 +432,27 @@ static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int co
     if (nlead < 0)
         return -1;
     int tn = compute_typenum(code);
-    int flags = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST;
-    if (offset != 0.0)
-        flags |= NPY_ARRAY_ENSURECOPY;
-    *w = (PyArrayObject *)PyArray_FromAny((PyObject *)*g, PyArray_DescrFromType(tn), 0, 0, flags,
-                                          NULL);
-    if (!*w)
-        return -1;
-    if (offset != 0.0) {
-        npy_intp n = PyArray_SIZE(*w);
-        if (tn == NPY_DOUBLE)
-            for (npy_intp i = 0; i < n; i++)
-                ((double *)PyArray_DATA(*w))[i] += offset;
-        else
-            for (npy_intp i = 0; i < n; i++)
-                ((float *)PyArray_DATA(*w))[i] += (float)offset;
+    if (gcode == (tn == NPY_DOUBLE ? RMS_F64 : RMS_F32) && offset == 0.0) {
+        *w = (PyArrayObject *)PyArray_FromAny((PyObject *)*g, NULL, 0, 0,
+                                              NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+        return *w ? nlead : -1;
     }
+    PyArrayObject *src = *g;
+    if (compute_typenum(gcode) != tn) {
+        src = (PyArrayObject *)PyArray_FromAny(
+            (PyObject *)*g, PyArray_DescrFromType(tn), 0, 0,
+            NPY_ARRAY_FORCECAST | NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+        gcode = tn == NPY_DOUBLE ? RMS_F64 : RMS_F32;
+    } else
+        src = (PyArrayObject *)PyArray_FromAny((PyObject *)*g, NULL, 0, 0,
+                                               NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+    if (!src || !(*w = new_output(PyArray_DescrFromType(tn), PyArray_NDIM(*g), PyArray_DIMS(*g)))) {
+        Py_XDECREF(src);
+        return -1;
+    }
+    rms_isa_current()->k[gcode].widen(PyArray_DATA(src), PyArray_DATA(*w), offset,
+                                      (size_t)PyArray_SIZE(src));
+    Py_DECREF(src);
     return nlead;
 }
 
@@ -640,6 +648,14 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     } else if (PyArray_TYPE(g) == PyArray_TYPE(dgc)) {
         dgret = (PyObject *)dgc;
         Py_INCREF(dgret);
+    } else if (compute_typenum(dtype_code(PyArray_DESCR(g))) == PyArray_TYPE(dgc)) {
+        /* rounded to gamma's dtype by that dtype's kernels */
+        int gcode = dtype_code(PyArray_DESCR(g));
+        PyArray_Descr *d = PyArray_DescrFromType(PyArray_TYPE(g));
+        if (!(dgret = (PyObject *)new_output(d, PyArray_NDIM(g), PyArray_DIMS(g))))
+            goto fail;
+        rms_isa_current()->k[gcode].narrow(PyArray_DATA(dgc), PyArray_DATA((PyArrayObject *)dgret),
+                                           (size_t)PyArray_SIZE(dgc));
     } else if (!(dgret = PyArray_CastToType(dgc, PyArray_DescrFromType(PyArray_TYPE(g)), 0)))
         goto fail;
     ret = PyTuple_Pack(2, dxret, dgret);

@@ -45,6 +45,9 @@ typedef struct {
     /* dx = r * (dy * w - x * r * c), c = dot / k; dg += dy * x * r */
     void (*bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
                 void *dg, size_t n, int flags);
+    /* Weights: dst (compute type) = offset + src (storage type), and back, rounded. */
+    void (*widen)(const void *src, void *dst, double offset, size_t n);
+    void (*narrow)(const void *src, void *dst, size_t n);
 } rms_kernels;
 
 typedef struct {

@@ -38,7 +38,8 @@ enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW };
 #define RMS_ENTRY(sfx)                                                                         \
     {                                                                                          \
         fwd_rows_##sfx, add_rows_##sfx, bwd_rows_##sfx, sumsq_##sfx, scale_##sfx,              \
-            add_sumsq_##sfx, add_scale_##sfx, rescue_##sfx, dot_##sfx, bwd_##sfx               \
+            add_sumsq_##sfx, add_scale_##sfx, rescue_##sfx, dot_##sfx, bwd_##sfx, widen_##sfx, \
+            narrow_##sfx                                                                       \
     }
 /* t elements at p: a full vector when t == W (a constant in the main loops), else partial. */
 #define LDX(p, t) ((t) == W ? V_LD(p) : V_LDP((p), (t)))
@@ -115,6 +116,29 @@ RMS_INLINE void FN(stcp)(C *p, V v, size_t n) {
 #define V_LDCP(p, n) FN(ldcp)((p), (n))
 #define V_STCP(p, v, n) FN(stcp)((p), (v), (n))
 #endif
+
+/* ---------------------------------------------------------------- weights */
+
+static void FN(widen)(const void *src, void *dst, double offset, size_t n) {
+    const T *s = (const T *)src;
+    C *d = (C *)dst;
+    V vo = V_SET((C)offset);
+    size_t i = 0;
+    for (; i + W <= n; i += W)
+        V_STC(d + i, V_ADD(V_LD(s + i), vo));
+    if (i < n)
+        STCX(d + i, V_ADD(LDX(s + i, n - i), vo), n - i);
+}
+
+static void FN(narrow)(const void *src, void *dst, size_t n) {
+    const C *s = (const C *)src;
+    T *d = (T *)dst;
+    size_t i = 0;
+    for (; i + W <= n; i += W)
+        V_ST(d + i, V_LDC(s + i));
+    if (i < n)
+        STX(d + i, LDCX(s + i, n - i), n - i);
+}
 
 /* ---------------------------------------------------------------- row reductions */
 
