@@ -36,6 +36,11 @@ PROBES = {
         "_mm256_storeu_si256((__m256i*)p,_mm512_cvtepi32_epi16(_mm512_castps_si512(v)));"
         "return (int)_mm512_reduce_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)));}\n"
     ),
+    "avx512bf16": (
+        '#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")\n'
+        "#include <immintrin.h>\n"
+        "__m256bh f(__m512 v){return _mm512_cvtneps_pbh(v);}\n"
+    ),
     "neon": "#include <arm_neon.h>\nint f(float *p){vst1q_f32(p, vld1q_f32(p)); return 0;}\n",
     "openmp": "#include <omp.h>\nint f(void){return omp_get_max_threads();}\n",
 }
@@ -71,6 +76,9 @@ class BuildExt(build_ext):
         if x86 and compiles(cc, PROBES["avx512"]):
             sources.append(f"{KERNELS}/avx512.c")
             macros.append(("RMSNORM_HAVE_AVX512", "1"))
+            if compiles(cc, PROBES["avx512bf16"]):
+                sources.append(f"{KERNELS}/avx512bf16.c")
+                macros.append(("RMSNORM_HAVE_AVX512BF16", "1"))
         if arm64 and os.path.exists(f"{KERNELS}/neon.c") and compiles(cc, PROBES["neon"]):
             sources.append(f"{KERNELS}/neon.c")
             macros.append(("RMSNORM_HAVE_NEON", "1"))

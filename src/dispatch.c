@@ -3,6 +3,7 @@
  * have left a family out when the compiler could not target it. */
 #include "dispatch.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -38,17 +39,32 @@ static int x86_has_avx512(void) {
     int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
     return f && dq && bw && vl;
 }
+
+static int x86_has_avx512bf16(void) {
+    unsigned a, b, c, d;
+    return x86_has_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
+}
 #endif
 
 static const rms_isa_table *available[RMS_MAX_ISAS];
+#if defined(RMSNORM_HAVE_AVX512)
+static rms_isa_table avx512; /* rms_isa_avx512, with native bfloat16 rounding where available */
+#endif
 static int n_available;
 static const rms_isa_table *current = &rms_isa_scalar;
 
 void rms_dispatch_init(void) {
     int n = 0;
 #if defined(RMSNORM_HAVE_AVX512)
-    if (x86_has_avx512())
-        available[n++] = &rms_isa_avx512;
+    if (x86_has_avx512()) {
+        avx512 = rms_isa_avx512;
+#if defined(RMSNORM_HAVE_AVX512BF16)
+        const char *off = getenv("RMSNORM_NO_AVX512BF16");
+        if (x86_has_avx512bf16() && !(off && strcmp(off, "1") == 0))
+            avx512.k[RMS_BF16] = rms_bf16_avx512bf16;
+#endif
+        available[n++] = &avx512;
+    }
 #endif
 #if defined(RMSNORM_HAVE_AVX2)
     if (x86_has_avx2())

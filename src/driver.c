@@ -191,7 +191,7 @@ static void fwd_team(const rms_kernels *kt, const rms_fwd_args *a, int nt, int f
             const char *x = AT(a->x, p->row, a->xs, p->c0, es);
             const char *res = a->r ? AT(a->r, p->row, a->rs, p->c0, es) : NULL;
             double ss = row_sum(sh, nt, p->row), r;
-            if (isfinite(ss))
+            if (rms_sumsq_ok(ss, f64))
                 r = 1.0 / sqrt(ss / (double)k + a->eps);
             else
                 r = kt->rescue(AT(a->x, p->row, a->xs, 0, es),

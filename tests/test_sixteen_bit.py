@@ -189,3 +189,40 @@ def test_float16_subnormals(rng):
     y64, _, r64, _ = oracle.forward(x, eps=0.0)
     oracle.assert_y_close(y, y64, 1, dtype)
     oracle.assert_rstd_close(rstd, r64, dtype)
+
+
+_BF16_PATH_SCRIPT = """
+import sys, numpy as np, ml_dtypes, rmsnorm
+rmsnorm.set_isa("avx512")
+rng = np.random.default_rng(7)
+x = (rng.standard_normal((9, 1031)) * np.logspace(-30, 5, 9)[:, None]).astype(ml_dtypes.bfloat16)
+x[4, 3] = np.nan
+gamma = rng.standard_normal(1031).astype(np.float32)
+gamma[::97] = 0.0
+gamma[5] = 1e-39
+y, _ = rmsnorm.rms_norm(x, gamma, eps=0.0)
+h = rmsnorm.add_rms_norm(x, x, gamma, eps=0.0)[2]
+sys.stdout.buffer.write(np.concatenate([y.view(np.uint16).ravel(), h.view(np.uint16).ravel()]).tobytes())
+"""
+
+
+@pytest.mark.skipif("avx512" not in ISAS, reason="needs the AVX-512 kernels")
+def test_avx512_bfloat16_paths_agree_bitwise():
+    """With AVX512-BF16 the AVX-512 table rounds bfloat16 with VCVTNEPS2BF16 (falling back to
+    integer rounding for subnormals, zeros and NaN); RMSNORM_NO_AVX512BF16=1 keeps the integer
+    rounding everywhere. Both must give the same bits, including subnormal results and NaN."""
+    import os
+    import subprocess
+    import sys
+
+    runs = []
+    for off in ("0", "1"):
+        env = dict(os.environ, RMSNORM_NO_AVX512BF16=off)
+        out = subprocess.run(
+            [sys.executable, "-c", _BF16_PATH_SCRIPT], env=env, capture_output=True, check=True
+        )
+        runs.append(np.frombuffer(out.stdout, np.uint16))
+    assert runs[0].size == 2 * 9 * 1031
+    assert np.array_equal(runs[0], runs[1])
+    y = runs[0][: 9 * 1031].view(BF16).astype(np.float64).reshape(9, 1031)
+    assert np.isnan(y[4]).all() and np.isfinite(np.delete(y, 4, axis=0)).all()

@@ -1,71 +1,13 @@
 /* AVX-512 (F, BW, VL, DQ) + FMA + F16C kernels. Only this file is compiled for that target; the
- * dispatcher calls it only on CPUs (and OSes) that run it. bfloat16 is rounded with integer
- * arithmetic rather than VCVTNEPS2BF16, which flushes subnormals and so would not match
- * ml_dtypes bit for bit; in a memory-bound loop the three extra integer ops cost nothing. */
+ * dispatcher calls it only on CPUs (and OSes) that run it. bfloat16 is rounded here with exact
+ * integer arithmetic; CPUs with AVX512-BF16 get the bfloat16 entry of avx512bf16.c instead. */
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
 #endif
 
-#include <immintrin.h>
-
-#include "kernels.h"
-#include "convert.h"
-
-static inline __m512 bf16x16_widen(__m256i u) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));
-}
-
-/* Round to nearest even on the integer bits; NaN becomes the canonical quiet NaN. */
-static inline __m256i bf16x16_round(__m512 v) {
-    __m512i b = _mm512_castps_si512(v);
-    __m512i hi = _mm512_srli_epi32(b, 16);
-    __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
-                                    _mm512_set1_epi32(0x7fff));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, bias), 16);
-    __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
-                                   _mm512_set1_epi32(0x7fc0));
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
-    return _mm512_cvtepi32_epi16(r);
-}
-
-#define RMS_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-
-static inline __m512d lo_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
-
-static inline __m512d hi_pd(__m512 v) {
-    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-
-static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
-    *l = _mm512_add_pd(*l, lo_pd(v));
-    *h = _mm512_add_pd(*h, hi_pd(v));
-}
-
-/* masks for the first n < W lanes */
-#define M16(n) ((__mmask16)((1u << (n)) - 1u))
-#define M8(n) ((__mmask8)((1u << (n)) - 1u))
-
-#define A __m512d
-#define A_ZERO _mm512_setzero_pd()
-#define A_ADD _mm512_add_pd
-#define A_SUM _mm512_reduce_add_pd
-#define V_FENCE() _mm_sfence()
-
-/* float compute: f32, f16, bf16 */
-#define W 16
-#define V __m512
-#define V_LDC(p) _mm512_loadu_ps(p)
-#define V_STC(p, v) _mm512_storeu_ps((p), (v))
-#define V_SET _mm512_set1_ps
-#define V_ADD _mm512_add_ps
-#define V_SUB _mm512_sub_ps
-#define V_MUL _mm512_mul_ps
-#define V_FMA _mm512_fmadd_ps
-#define A_WIDEN(l, h, v) widen_ps(&(l), &(h), (v))
-#define V_LDCP(p, n) _mm512_maskz_loadu_ps(M16(n), (p))
-#define V_STCP(p, v, n) _mm512_mask_storeu_ps((p), M16(n), (v))
+#include "avx512_defs.h"
 
 #define RMS_DT 0
 #define RMS_SFX f32_avx512
@@ -91,13 +33,13 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 
 #define RMS_DT 3
 #define RMS_SFX bf16_avx512
-#define V_LD(p) bf16x16_widen(_mm256_loadu_si256((const __m256i *)(p)))
+#define V_LD V_LD_BF16
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round(v))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round(v))
 #define V_STB 32
 #define V_RND(v)                                                                               \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_round(v)), 16))
-#define V_LDP(p, n) bf16x16_widen(_mm256_maskz_loadu_epi16(M16(n), (p)))
+#define V_LDP V_LDP_BF16
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round(v))
 #include "rows_impl.h"
 

@@ -50,6 +50,13 @@ typedef struct {
     void (*narrow)(const void *src, void *dst, size_t n);
 } rms_kernels;
 
+/* A row's sum of squares can be used as it is: finite, and not so small that squares of its
+ * elements underflowed in the compute type (float32 partial sums, or float64). Otherwise the
+ * row takes the rescaling slow path (rescue). */
+static inline int rms_sumsq_ok(double ss, int f64) {
+    return ss <= 1.79769313486231570e308 && ss >= (f64 ? 1e-290 : 1e-30);
+}
+
 typedef struct {
     const char *name;
     rms_kernels k[RMS_NDTYPES];
@@ -61,6 +68,9 @@ extern const rms_isa_table rms_isa_avx2;
 #endif
 #if defined(RMSNORM_HAVE_AVX512)
 extern const rms_isa_table rms_isa_avx512;
+#endif
+#if defined(RMSNORM_HAVE_AVX512BF16)
+extern const rms_kernels rms_bf16_avx512bf16;
 #endif
 #if defined(RMSNORM_HAVE_NEON)
 extern const rms_isa_table rms_isa_neon;

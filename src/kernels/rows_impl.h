@@ -203,7 +203,8 @@ static double FN(dot)(const void *dy, const void *x, const void *w, double r, si
     return FN(reduce)((const T *)dy, (const T *)x, NULL, (C)r, n, RMS_DOT);
 }
 
-/* Slow path for a row whose sum of squares is not finite. */
+/* Slow path for a row whose sum of squares is not usable (rms_sumsq_ok): NaN for a row with
+ * NaN or Inf, else the sum rescaled by the row's largest magnitude, in float64. */
 static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
     const T *x = (const T *)xv, *r = (const T *)rv;
     double amax = 0.0;
@@ -213,7 +214,9 @@ static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
             return NAN;
         amax = fabs(v) > amax ? fabs(v) : amax;
     }
-    double s = 0.0; /* every value finite: only the squares overflowed, so rescale */
+    if (amax == 0.0) /* all zeros */
+        return 1.0 / sqrt(eps);
+    double s = 0.0; /* every value finite: the squares overflowed or underflowed, so rescale */
     for (size_t i = 0; i < n; i++) {
         double v = r ? (double)S_RND((C)(S_LD(x + i) + S_LD(r + i))) : (double)S_LD(x + i);
         s += (v / amax) * (v / amax);
@@ -222,7 +225,8 @@ static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
 }
 
 RMS_INLINE double FN(rstd)(double ss, const T *x, const T *r, size_t n, double eps) {
-    return isfinite(ss) ? 1.0 / sqrt(ss / (double)n + eps) : FN(rescue)(x, r, n, eps);
+    return rms_sumsq_ok(ss, sizeof(C) == 8) ? 1.0 / sqrt(ss / (double)n + eps)
+                                            : FN(rescue)(x, r, n, eps);
 }
 
 /* ---------------------------------------------------------------- streaming */
