@@ -94,6 +94,16 @@ class BuildExt(build_ext):
             ext.extra_link_args = link + os.environ.get("RMSNORM_EXTRA_LDFLAGS", "").split()
         super().build_extensions()
 
+    def run(self):
+        super().run()
+        if not self.inplace:
+            # Also drop the built module into the source tree, so that `python -m rmsnorm` run
+            # from a checkout (where the checkout's rmsnorm/ shadows the installed one) works.
+            try:
+                self.copy_extensions_to_source()
+            except OSError:
+                pass
+
 
 setup(
     ext_modules=[
