@@ -10,7 +10,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "dispatch.h"
 #include "driver.h"
@@ -290,11 +289,51 @@ static int bad_overlap(PyArrayObject *out, PyObject *in) {
     return l1 < h2 && l2 < h1;
 }
 
-static void free_buffer(PyObject *capsule) { free(PyCapsule_GetPointer(capsule, "rmsnorm.buffer")); }
+/* Large outputs come from a small cache of page-aligned buffers. A fresh mapping costs a page
+ * fault per 4 KiB on first touch, several times the kernel itself, so a loop that calls
+ * rms_norm without out= reuses the buffers of results it has dropped. The GIL guards the cache
+ * (allocation and the capsule destructor both run with it held). */
+#define RMS_CACHE_SLOTS 8
+#define RMS_CACHE_MAX_BYTES ((size_t)512 << 20)
+#define RMS_CACHE_MIN_BYTES ((size_t)1 << 20)
+
+static struct {
+    void *p;
+    size_t bytes;
+} cache[RMS_CACHE_SLOTS];
+static size_t cache_bytes;
+
+static void *buffer_get(size_t bytes) {
+    for (int i = 0; i < RMS_CACHE_SLOTS; i++)
+        if (cache[i].p && cache[i].bytes == bytes) {
+            void *p = cache[i].p;
+            cache[i].p = NULL;
+            cache_bytes -= bytes;
+            return p;
+        }
+    void *p = NULL;
+    return posix_memalign(&p, 4096, bytes) ? NULL : p;
+}
+
+static void buffer_put(void *p, size_t bytes) {
+    if (bytes >= RMS_CACHE_MIN_BYTES && cache_bytes + bytes <= RMS_CACHE_MAX_BYTES)
+        for (int i = 0; i < RMS_CACHE_SLOTS; i++)
+            if (!cache[i].p) {
+                cache[i].p = p;
+                cache[i].bytes = bytes;
+                cache_bytes += bytes;
+                return;
+            }
+    free(p);
+}
+
+static void free_buffer(PyObject *capsule) {
+    buffer_put(PyCapsule_GetPointer(capsule, "rmsnorm.buffer"),
+               (size_t)PyCapsule_GetContext(capsule));
+}
 
 /* A new C-order array (descr stolen). Large ones are page-aligned, so rows whose size is a
- * multiple of 64 bytes start on cache lines and can be streamed whole, and use huge pages, as
- * NumPy's own allocator does. */
+ * multiple of 64 bytes start on cache lines and can be streamed whole. */
 static PyArrayObject *new_output(PyArray_Descr *descr, int nd, npy_intp *dims) {
     size_t bytes = (size_t)PyDataType_ELSIZE(descr);
     for (int i = 0; i < nd; i++)
@@ -302,18 +341,19 @@ static PyArrayObject *new_output(PyArray_Descr *descr, int nd, npy_intp *dims) {
     if (bytes < ((size_t)1 << 16))
         return (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, NULL, NULL,
                                                      0, NULL);
-    void *p = NULL;
-    if (posix_memalign(&p, 4096, bytes)) {
+    bytes = (bytes + 4095) & ~(size_t)4095;
+    void *p = buffer_get(bytes);
+    if (!p) {
         Py_DECREF(descr);
         return (PyArrayObject *)PyErr_NoMemory();
     }
-#if defined(MADV_HUGEPAGE)
-    if (bytes >= ((size_t)4 << 20))
-        madvise(p, bytes, MADV_HUGEPAGE);
-#endif
     PyObject *cap = PyCapsule_New(p, "rmsnorm.buffer", free_buffer);
-    if (!cap) {
-        free(p);
+    if (!cap || PyCapsule_SetContext(cap, (void *)bytes) < 0) {
+        if (cap) {
+            PyCapsule_SetDestructor(cap, NULL);
+            Py_DECREF(cap);
+        }
+        buffer_put(p, bytes);
         Py_DECREF(descr);
         return NULL;
     }
