@@ -356,6 +356,26 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
     return 0;
 }
 
+/* Weight conversions: gamma is as long as a row, so for one long row it costs as much as the
+ * row itself and is split across the team too. */
+void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, double offset,
+                 size_t n, int widen, int nthreads) {
+    size_t in = widen ? esize(dtype) : csize(dtype), out = widen ? csize(dtype) : esize(dtype);
+    int nt = team_size(n, nthreads);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int t = thread_id();
+        size_t i0 = n * (size_t)t / (size_t)nt & ~(size_t)63;
+        size_t i1 = t + 1 == nt ? n : n * (size_t)(t + 1) / (size_t)nt & ~(size_t)63;
+        const char *s = (const char *)src + i0 * in;
+        char *o = (char *)dst + i0 * out;
+        if (i1 > i0 && widen)
+            kt->widen(s, o, offset, i1 - i0);
+        else if (i1 > i0)
+            kt->narrow(s, o, i1 - i0);
+    }
+}
+
 /* Roofline references, split across the team like the kernels. */
 void rms_ref_copy(void *dst, const void *src, size_t bytes, int nthreads) {
     int nt = team_size(bytes / 4, nthreads), stream = bytes >= stream_bytes;

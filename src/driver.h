@@ -42,6 +42,11 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads);
 /* Returns 0, or -1 when the per-thread dgamma rows could not be allocated (nothing written). */
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads);
 
+/* Weights: dst = offset + src (widen: storage -> compute type of `dtype`), or dst = round(src)
+ * (narrow: compute -> storage type), split across threads when long. */
+void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, double offset,
+                 size_t n, int widen, int nthreads);
+
 /* Thread count: RMSNORM_NUM_THREADS, then OMP_NUM_THREADS, then the CPUs this process may use. */
 void rms_threads_init(void);
 int rms_threads_get(void);

@@ -490,8 +490,8 @@ static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int co
         Py_XDECREF(src);
         return -1;
     }
-    rms_isa_current()->k[gcode].widen(PyArray_DATA(src), PyArray_DATA(*w), offset,
-                                      (size_t)PyArray_SIZE(src));
+    rms_convert(&rms_isa_current()->k[gcode], gcode, PyArray_DATA(src), PyArray_DATA(*w), offset,
+                (size_t)PyArray_SIZE(src), 1, rms_threads_get());
     Py_DECREF(src);
     return nlead;
 }
@@ -694,8 +694,9 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
         PyArray_Descr *d = PyArray_DescrFromType(PyArray_TYPE(g));
         if (!(dgret = (PyObject *)new_output(d, PyArray_NDIM(g), PyArray_DIMS(g))))
             goto fail;
-        rms_isa_current()->k[gcode].narrow(PyArray_DATA(dgc), PyArray_DATA((PyArrayObject *)dgret),
-                                           (size_t)PyArray_SIZE(dgc));
+        rms_convert(&rms_isa_current()->k[gcode], gcode, PyArray_DATA(dgc),
+                    PyArray_DATA((PyArrayObject *)dgret), 0.0, (size_t)PyArray_SIZE(dgc), 0,
+                    rms_threads_get());
     } else if (!(dgret = PyArray_CastToType(dgc, PyArray_DescrFromType(PyArray_TYPE(g)), 0)))
         goto fail;
     ret = PyTuple_Pack(2, dxret, dgret);
