@@ -36,9 +36,9 @@ typedef struct {
     double (*add_sumsq)(const void *x, const void *r, size_t n);
     void (*add_scale)(const void *x, const void *r, void *h, void *y, const void *w, double rs,
                       size_t n, int flags);
-    /* Slow path for a row whose sum of squares is not finite: returns its rstd (NaN when the
-     * row holds NaN or Inf, rescaled when the squares merely overflow). r may be NULL; else the
-     * row is round(x + r) as in add_rows. */
+    /* Slow path for a row whose sum of squares is not usable (rms_sumsq_ok): returns its rstd,
+     * NaN when the row holds NaN or Inf, else rescaled by the row's largest magnitude. r may be
+     * NULL; else the row is round(x + r) as in add_rows. */
     double (*rescue)(const void *x, const void *r, size_t n, double eps);
     /* sum(dy * w * x * r) */
     double (*dot)(const void *dy, const void *x, const void *w, double r, size_t n);
