@@ -11,7 +11,7 @@ run time), threaded with OpenMP, for float16, bfloat16 (ml_dtypes), float32 and 
 import os as _os
 import warnings as _warnings
 
-from . import _core
+from . import _core  # noqa: F401  (rmsnorm._core: copy/triad references, have_openmp)
 from ._core import (
     add_rms_norm,
     available_isas,

@@ -104,7 +104,8 @@ def demo():
 def main():
     print(f"rmsnorm {rmsnorm.__version__}, NumPy {np.__version__}, Python {sys.version.split()[0]}")
     print(f"isa: {rmsnorm.isa()} (available: {', '.join(rmsnorm.available_isas())})")
-    print(f"threads: {rmsnorm.get_num_threads()} (OpenMP: {'yes' if _core.have_openmp() else 'no'})\n")
+    openmp = "yes" if _core.have_openmp() else "no"
+    print(f"threads: {rmsnorm.get_num_threads()} (OpenMP: {openmp})\n")
     failures = self_check()
     demo()
     print(f"\nself-check: {'all passed' if not failures else f'{failures} FAILED'}")

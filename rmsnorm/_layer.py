@@ -22,7 +22,9 @@ class RMSNorm:
             normalized_shape = (int(normalized_shape),)
         self.normalized_shape = tuple(int(n) for n in normalized_shape)
         if not self.normalized_shape or min(self.normalized_shape) < 1:
-            raise ValueError(f"normalized_shape must be non-empty and positive, got {normalized_shape!r}")
+            raise ValueError(
+                f"normalized_shape must be non-empty and positive, got {normalized_shape!r}"
+            )
         self.eps = float(eps)
         self.offset = float(offset)
         self.cast = cast

@@ -2,11 +2,11 @@
 threads, and a float64 finite-difference gradient check of the forward."""
 
 import numpy as np
-import pytest
-
 import oracle
-import rmsnorm
+import pytest
 from oracle import ALL_DTYPES, F64, SHAPE_IDS, SHAPES, dtype_id
+
+import rmsnorm
 
 
 def run_and_check(x, gamma, dy, offset=0.0, eps=1e-6):

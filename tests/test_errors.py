@@ -4,11 +4,11 @@ and nothing touched (inputs and out unchanged) when a call fails."""
 import re
 
 import numpy as np
-import pytest
-
 import oracle
-import rmsnorm
+import pytest
 from oracle import BF16, F16, F32, F64
+
+import rmsnorm
 
 
 def shapes_re(*shapes):

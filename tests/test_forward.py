@@ -2,11 +2,11 @@
 plus gamma dtypes/None, offset, eps, cast modes, rstd shapes and out=."""
 
 import numpy as np
-import pytest
-
 import oracle
-import rmsnorm
+import pytest
 from oracle import ALL_DTYPES, F32, F64, SHAPE_IDS, SHAPES, SIXTEEN, dtype_id
+
+import rmsnorm
 
 SMALL = [s for s in SHAPES if s[0] in ("N7", "N17", "N1025", "gamma2d", "1d", "zero_rows")]
 

@@ -3,11 +3,11 @@ weight_grad accumulation and zero_grad, offset=1 (Gemma), multi-dim normalized_s
 backward before forward."""
 
 import numpy as np
-import pytest
-
 import oracle
-import rmsnorm
+import pytest
 from oracle import ALL_DTYPES, BF16, F32, F64, dtype_id
+
+import rmsnorm
 
 
 @pytest.mark.parametrize("wdtype", (F32, F64, BF16), ids=dtype_id)

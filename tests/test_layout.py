@@ -3,11 +3,11 @@ misaligned, byte-swapped and read-only inputs (and non-contiguous out) give the 
 as their contiguous native copies; no input is ever modified; lists and scalars work."""
 
 import numpy as np
-import pytest
-
 import oracle
-import rmsnorm
+import pytest
 from oracle import ALL_DTYPES, BF16, F32, F64, SIXTEEN, dtype_id
+
+import rmsnorm
 
 ROWS, N = 5, 67  # a SIMD tail on every ISA
 

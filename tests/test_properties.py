@@ -2,14 +2,14 @@
 gamma ranks and dtypes, eps, offset, cast and ISA against the float64 oracle."""
 
 import numpy as np
+import oracle
 import pytest
+from conftest import ISAS, using
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import oracle
-import rmsnorm
-from conftest import ISAS, using
 from oracle import ALL_DTYPES
+
+import rmsnorm
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])

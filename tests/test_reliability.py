@@ -10,12 +10,12 @@ import time
 import tracemalloc
 
 import numpy as np
-import pytest
-
 import oracle
-import rmsnorm
+import pytest
 from conftest import ISAS, using
 from oracle import ALL_DTYPES, F16, F32, F64, dtype_id
+
+import rmsnorm
 
 # ---------------------------------------------------------------------------------------
 # NaN / Inf isolation

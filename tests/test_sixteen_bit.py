@@ -5,12 +5,12 @@ between ISAs, cast="before_weight", and dtype mismatches."""
 import re
 
 import numpy as np
-import pytest
-
 import oracle
-import rmsnorm
+import pytest
 from conftest import ISAS, using
 from oracle import ALL_DTYPES, BF16, F16, F32, SIXTEEN, TAILS, dtype_id
+
+import rmsnorm
 
 GAMMA_IDS = lambda d: "g" + dtype_id(d)  # noqa: E731
 
@@ -202,7 +202,8 @@ gamma[::97] = 0.0
 gamma[5] = 1e-39
 y, _ = rmsnorm.rms_norm(x, gamma, eps=0.0)
 h = rmsnorm.add_rms_norm(x, x, gamma, eps=0.0)[2]
-sys.stdout.buffer.write(np.concatenate([y.view(np.uint16).ravel(), h.view(np.uint16).ravel()]).tobytes())
+bits = np.concatenate([y.view(np.uint16).ravel(), h.view(np.uint16).ravel()])
+sys.stdout.buffer.write(bits.tobytes())
 """
 
 
