@@ -1,19 +1,32 @@
-# JAX adapter: rms_norm with a custom VJP whose forward and backward call the rmsnorm C kernels
-# on the host through jax.pure_callback, so it composes with jit, grad and vmap on CPU.
+# JAX adapter: rms_norm with a custom VJP whose forward and backward run the rmsnorm C kernels,
+# through an XLA FFI custom call where one can be built, else through jax.pure_callback.
 """JAX bindings for rmsnorm (CPU).
 
 ``import rmsnorm.jax`` is opt-in: the core package never imports it.
 
 :func:`rms_norm` works under :func:`jax.jit`, :func:`jax.grad` and :func:`jax.vmap`. Its forward
-callback returns ``y`` and the per-row ``rstd``; the VJP reuses that ``rstd`` and calls
-:func:`rmsnorm.rms_norm_backward`. Under vmap the callbacks use ``vmap_method="expand_dims"``:
-each receives the whole batch at once, so a batch with a shared weight is one kernel call
-(per-example weights, and per-example weight gradients, loop over the batch on the host).
+returns ``y`` and the per-row ``rstd``; the VJP reuses that ``rstd``.
+
+Two backends, chosen at import (``BACKEND``):
+
+* ``"ffi"``: XLA FFI custom calls (``rmsnorm/_jax_ffi.c``, compiled at first import against the
+  installed jaxlib's headers with the system C compiler and cached) run the kernels directly on
+  XLA's buffers, with no copies. Under vmap they run once per batch element.
+* ``"callback"``: ``jax.pure_callback``, which copies arguments and results. It is used when no
+  compiler is available or ``RMSNORM_JAX_FFI=0``. Under vmap the callbacks use
+  ``vmap_method="expand_dims"``: a batch with a shared weight is one kernel call.
 """
 
+import ctypes
 import functools
+import hashlib
 import math
 import numbers
+import os
+import subprocess
+import sysconfig
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -27,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised by simulating a missi
 
 import rmsnorm as _rmsnorm
 
-__all__ = ["rms_norm"]
+__all__ = ["BACKEND", "rms_norm"]
 
 _SUPPORTED_DTYPES = tuple(
     np.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
@@ -109,7 +122,9 @@ _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
 def _forward(x, weight, eps, offset):
-    """(y, rstd) from the host kernel."""
+    """(y, rstd) from the kernels."""
+    if BACKEND == "ffi":
+        return _ffi_forward(x, weight, eps, offset)
     norm_ndim = 1 if weight is None else weight.ndim
     result_shapes = (
         jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -120,7 +135,9 @@ def _forward(x, weight, eps, offset):
 
 
 def _backward(dy, x, weight, rstd, offset):
-    """(dx, dweight) from the host kernel; dweight is None when weight is None."""
+    """(dx, dweight) from the kernels; dweight is None when weight is None."""
+    if BACKEND == "ffi":
+        return _ffi_backward(dy, x, weight, rstd, offset)
     if weight is None:
         result_shapes = (jax.ShapeDtypeStruct(x.shape, x.dtype), None)
     else:
@@ -189,3 +206,93 @@ def _host_backward(dy, x, weight, rstd, *, offset, x_ndim):
             dy[index], x[index], weight[index], rstd[index], offset=offset, out=dx[index]
         )
     return dx, dweight
+
+
+# FFI backend. The kernels see x as rows of its normalized axes, and the weight already widened
+# to the compute type with the offset added (as rmsnorm.rms_norm does in C); an empty weight
+# array stands for no weight.
+
+
+def _ffi_rows(x, weight):
+    k = x.shape[-1] if weight is None else math.prod(weight.shape)
+    lead = x.shape[: x.ndim - (1 if weight is None else weight.ndim)]
+    return x.reshape(lead + (k,)), lead
+
+
+def _ffi_weight(weight, offset, compute):
+    if weight is None:
+        return jnp.zeros((0,), compute)
+    return weight.astype(compute).reshape(-1) + jnp.asarray(offset, compute)
+
+
+def _ffi_forward(x, weight, eps, offset):
+    compute = _rstd_dtype(x.dtype)
+    rows, lead = _ffi_rows(x, weight)
+    call = jax.ffi.ffi_call(
+        "rmsnorm_forward",
+        (jax.ShapeDtypeStruct(rows.shape, x.dtype), jax.ShapeDtypeStruct(lead, compute)),
+        vmap_method="sequential",
+    )
+    y, rstd = call(rows, _ffi_weight(weight, offset, compute), eps=np.float64(eps))
+    return y.reshape(x.shape), rstd
+
+
+def _ffi_backward(dy, x, weight, rstd, offset):
+    compute = _rstd_dtype(x.dtype)
+    rows, _ = _ffi_rows(x, weight)
+    w = _ffi_weight(weight, offset, compute)
+    call = jax.ffi.ffi_call(
+        "rmsnorm_backward",
+        (jax.ShapeDtypeStruct(rows.shape, x.dtype), jax.ShapeDtypeStruct(w.shape, compute)),
+        vmap_method="sequential",
+    )
+    dx, dw = call(dy.reshape(rows.shape), rows, w, rstd)
+    dweight = None if weight is None else dw.reshape(weight.shape).astype(weight.dtype)
+    return dx.reshape(x.shape), dweight
+
+
+def _build_ffi():
+    """Compile (once, cached by content) and register the FFI handlers; True on success."""
+    here = Path(__file__).parent
+    source = here / "_jax_ffi.c"
+    include = Path(jax.ffi.include_dir())
+    digest = hashlib.sha256()
+    for part in (source, here / "rms_capi.h", include / "xla" / "ffi" / "api" / "c_api.h"):
+        digest.update(part.read_bytes())
+    cache = Path(os.environ.get("RMSNORM_CACHE_DIR", Path.home() / ".cache" / "rmsnorm"))
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        cache = Path(tempfile.gettempdir()) / "rmsnorm-cache"
+        cache.mkdir(parents=True, exist_ok=True)
+    library = cache / f"jax_ffi_{digest.hexdigest()[:16]}.so"
+    if not library.exists():
+        compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+        scratch = library.with_suffix(f".{os.getpid()}.tmp")
+        command = [compiler, "-O2", "-std=gnu11", "-shared", "-fPIC", f"-I{include}", f"-I{here}"]
+        subprocess.run(command + [str(source), "-o", str(scratch)], check=True,
+                       capture_output=True, timeout=120)
+        os.replace(scratch, library)
+    lib = ctypes.CDLL(str(library))
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    lib.rmsnorm_ffi_init.argtypes = [ctypes.c_void_p]
+    lib.rmsnorm_ffi_init(get_pointer(_rmsnorm._core._c_api, b"rmsnorm._core._c_api"))
+    for name in ("forward", "backward"):
+        handler = getattr(lib, f"rmsnorm_ffi_{name}")
+        jax.ffi.register_ffi_target(f"rmsnorm_{name}", jax.ffi.pycapsule(handler), platform="cpu")
+    globals()["_ffi_library"] = lib  # keep it loaded
+    return True
+
+
+def _choose_backend():
+    if os.environ.get("RMSNORM_JAX_FFI", "1") == "0":
+        return "callback"
+    try:
+        return "ffi" if _build_ffi() else "callback"
+    except Exception:  # no compiler, no headers, an older jaxlib: the callbacks always work
+        return "callback"
+
+
+BACKEND = _choose_backend()

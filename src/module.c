@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../rmsnorm/rms_capi.h"
 #include "dispatch.h"
 #include "driver.h"
 
@@ -845,6 +846,24 @@ static PyObject *py_triad(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- C API for native callers */
+
+static void capi_forward(int dtype, const void *x, const void *w, void *y, void *rstd, size_t m,
+                         size_t k, double eps) {
+    rms_fwd_args a = {dtype, 0,    m, k,         x,    (ptrdiff_t)k, NULL, 0,
+                      NULL,  0,    y, (ptrdiff_t)k, w, rstd,         eps};
+    rms_forward(&rms_isa_current()->k[dtype], &a, rms_threads_get());
+}
+
+static int capi_backward(int dtype, const void *dy, const void *x, const void *w,
+                         const void *rstd, void *dx, void *dgamma, size_t m, size_t k) {
+    rms_bwd_args a = {dtype,        m,  k,            dy, (ptrdiff_t)k, x, (ptrdiff_t)k,
+                      dx,           (ptrdiff_t)k, w, rstd, dgamma};
+    return rms_backward(&rms_isa_current()->k[dtype], &a, rms_threads_get());
+}
+
+static const rms_capi c_api = {RMS_CAPI_VERSION, capi_forward, capi_backward};
+
 /* ---------------------------------------------------------------- module */
 
 #define KW (METH_FASTCALL | METH_KEYWORDS)
@@ -906,5 +925,12 @@ PyMODINIT_FUNC PyInit__core(void) {
     rms_dispatch_init();
     rms_threads_init();
     find_bfloat16();
-    return PyModule_Create(&moduledef);
+    PyObject *mod = PyModule_Create(&moduledef);
+    PyObject *cap = mod ? PyCapsule_New((void *)&c_api, "rmsnorm._core._c_api", NULL) : NULL;
+    if (!cap || PyModule_AddObject(mod, "_c_api", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_XDECREF(mod);
+        return NULL;
+    }
+    return mod;
 }
