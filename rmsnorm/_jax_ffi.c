@@ -21,9 +21,10 @@ static XLA_FFI_Error *error(const XLA_FFI_CallFrame *f, const char *message) {
     return f->api->XLA_FFI_Error_Create(&a);
 }
 
-/* XLA asks a handler for its metadata (the FFI version it was built with) before using it. */
+/* XLA asks a handler for its metadata (the FFI version it was built with) before using it.
+ * The extension header's type name changed between FFI versions; its layout did not. */
 static int metadata(XLA_FFI_CallFrame *f) {
-    XLA_FFI_Extension_Base *e = f->extension_start;
+    __typeof__(f->extension_start) e = f->extension_start;
     if (!e || e->type != XLA_FFI_Extension_Metadata)
         return 0;
     XLA_FFI_Metadata *m = ((XLA_FFI_Metadata_Extension *)e)->metadata;

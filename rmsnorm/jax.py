@@ -23,6 +23,7 @@ import hashlib
 import math
 import numbers
 import os
+import shutil
 import subprocess
 import sysconfig
 import tempfile
@@ -267,11 +268,13 @@ def _build_ffi():
         cache.mkdir(parents=True, exist_ok=True)
     library = cache / f"jax_ffi_{digest.hexdigest()[:16]}.so"
     if not library.exists():
-        compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+        compiler = _compiler()
         scratch = library.with_suffix(f".{os.getpid()}.tmp")
         command = [compiler, "-O2", "-std=gnu11", "-shared", "-fPIC", f"-I{include}", f"-I{here}"]
-        subprocess.run(command + [str(source), "-o", str(scratch)], check=True,
-                       capture_output=True, timeout=120)
+        done = subprocess.run(command + [str(source), "-o", str(scratch)],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling {source.name} failed: {done.stderr.strip()[-2000:]}")
         os.replace(scratch, library)
     lib = ctypes.CDLL(str(library))
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -286,12 +289,27 @@ def _build_ffi():
     return True
 
 
+def _compiler():
+    """The first C compiler found: $CC, Python's own, cc, gcc."""
+    names = [os.environ.get("CC", ""), sysconfig.get_config_var("CC") or "", "cc", "gcc"]
+    for name in names:
+        found = name.split()[0] if name.split() else None
+        if found and shutil.which(found):
+            return found
+    raise FileNotFoundError("no C compiler found ($CC, cc, gcc)")
+
+
+FFI_ERROR = None  # why the FFI backend could not be built, when it could not
+
+
 def _choose_backend():
+    global FFI_ERROR
     if os.environ.get("RMSNORM_JAX_FFI", "1") == "0":
         return "callback"
     try:
         return "ffi" if _build_ffi() else "callback"
-    except Exception:  # no compiler, no headers, an older jaxlib: the callbacks always work
+    except Exception as exc:  # no compiler, no headers, an older jaxlib: callbacks always work
+        FFI_ERROR = f"{type(exc).__name__}: {exc}"
         return "callback"
 
 
