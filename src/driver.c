@@ -91,6 +91,14 @@ static int thread_id(void) {
 #endif
 }
 
+/* [*lo, *hi): thread t's contiguous share of n items, boundaries rounded down to multiples of
+ * `align` (a power of two) so that threads stay off each other's cache lines. */
+static void chunk(size_t n, int t, int nt, size_t align, size_t *lo, size_t *hi) {
+    *lo = (size_t)((unsigned __int128)n * (unsigned)t / (unsigned)nt) & ~(align - 1);
+    *hi = t + 1 == nt ? n : (size_t)((unsigned __int128)n * (unsigned)(t + 1) / (unsigned)nt) &
+                                ~(align - 1);
+}
+
 /* Thread t's share of the flattened m*k elements: full rows [r0, r1) and up to two partial
  * rows (head: the end of the row before r0, tail: the start of row r1). */
 typedef struct {
@@ -104,11 +112,8 @@ typedef struct {
 } share;
 
 static share split(size_t total, size_t k, int t, int nt) {
-    /* boundaries on 16-element multiples keep threads off each other's cache lines */
-    size_t e0 = (size_t)((unsigned __int128)total * (unsigned)t / (unsigned)nt) & ~(size_t)15;
-    size_t e1 = t + 1 == nt ? total
-                            : (size_t)((unsigned __int128)total * (unsigned)(t + 1) / (unsigned)nt) &
-                                  ~(size_t)15;
+    size_t e0, e1;
+    chunk(total, t, nt, 16, &e0, &e1);
     share s = {0, 0, {{RMS_NONE, 0, 0, 0.0}, {RMS_NONE, 0, 0, 0.0}}};
     if (e0 >= e1)
         return s;
@@ -365,8 +370,8 @@ void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, d
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int t = thread_id();
-        size_t i0 = n * (size_t)t / (size_t)nt & ~(size_t)63;
-        size_t i1 = t + 1 == nt ? n : n * (size_t)(t + 1) / (size_t)nt & ~(size_t)63;
+        size_t i0, i1;
+        chunk(n, t, nt, 64, &i0, &i1);
         const char *s = (const char *)src + i0 * in;
         char *o = (char *)dst + i0 * out;
         if (i1 > i0 && widen)
@@ -382,8 +387,8 @@ void rms_ref_copy(void *dst, const void *src, size_t bytes, int nthreads) {
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int t = thread_id();
-        size_t b0 = bytes * (size_t)t / (size_t)nt & ~(size_t)63;
-        size_t b1 = t + 1 == nt ? bytes : bytes * (size_t)(t + 1) / (size_t)nt & ~(size_t)63;
+        size_t b0, b1;
+        chunk(bytes, t, nt, 64, &b0, &b1);
         if (b1 > b0)
             rms_copy_span((char *)dst + b0, (const char *)src + b0, b1 - b0, stream);
     }
@@ -395,8 +400,8 @@ void rms_ref_triad(void *dst, const void *a, const void *b, size_t n, int f64, i
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int t = thread_id();
-        size_t i0 = n * (size_t)t / (size_t)nt & ~(size_t)15;
-        size_t i1 = t + 1 == nt ? n : n * (size_t)(t + 1) / (size_t)nt & ~(size_t)15;
+        size_t i0, i1;
+        chunk(n, t, nt, 16, &i0, &i1);
         if (i1 > i0)
             rms_triad_span((char *)dst + i0 * es, (const char *)a + i0 * es,
                            (const char *)b + i0 * es, i1 - i0, f64, stream);

@@ -478,15 +478,16 @@ static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int co
                                               NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
         return *w ? nlead : -1;
     }
-    PyArrayObject *src = *g;
+    /* gamma as contiguous data that gamma's own kernels (or, after a NumPy cast, the compute
+     * type's kernels) widen */
+    PyArray_Descr *cast = NULL;
     if (compute_typenum(gcode) != tn) {
-        src = (PyArrayObject *)PyArray_FromAny(
-            (PyObject *)*g, PyArray_DescrFromType(tn), 0, 0,
-            NPY_ARRAY_FORCECAST | NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+        cast = PyArray_DescrFromType(tn);
         gcode = tn == NPY_DOUBLE ? RMS_F64 : RMS_F32;
-    } else
-        src = (PyArrayObject *)PyArray_FromAny((PyObject *)*g, NULL, 0, 0,
-                                               NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+    }
+    PyArrayObject *src = (PyArrayObject *)PyArray_FromAny(
+        (PyObject *)*g, cast, 0, 0,
+        NPY_ARRAY_FORCECAST | NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
     if (!src || !(*w = new_output(PyArray_DescrFromType(tn), PyArray_NDIM(*g), PyArray_DIMS(*g)))) {
         Py_XDECREF(src);
         return -1;

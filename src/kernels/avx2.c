@@ -100,18 +100,7 @@ static inline __m256i mask64(size_t n) {
 #include "rows_impl.h"
 
 /* double compute: f64 */
-#undef W
-#undef V
-#undef V_LDC
-#undef V_STC
-#undef V_SET
-#undef V_ADD
-#undef V_SUB
-#undef V_MUL
-#undef V_FMA
-#undef A_WIDEN
-#undef V_LDCP
-#undef V_STCP
+#include "compute_undef.h"
 #define W 4
 #define V __m256d
 #define V_LDC(p) _mm256_loadu_pd(p)

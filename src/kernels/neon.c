@@ -71,16 +71,7 @@ static inline void widen_ps(float64x2_t *l, float64x2_t *h, float32x4_t v) {
 #include "rows_impl.h"
 
 /* double compute: f64 */
-#undef W
-#undef V
-#undef V_LDC
-#undef V_STC
-#undef V_SET
-#undef V_ADD
-#undef V_SUB
-#undef V_MUL
-#undef V_FMA
-#undef A_WIDEN
+#include "compute_undef.h"
 #define W 2
 #define V float64x2_t
 #define V_LDC(p) vld1q_f64(p)
