@@ -6,6 +6,7 @@ compiler cannot target is simply left out and the build falls back to what it ca
 Set RMSNORM_WERROR=1 to turn warnings into errors (CI does).
 """
 
+import glob
 import os
 import platform
 import tempfile
@@ -107,7 +108,12 @@ class BuildExt(build_ext):
 
 setup(
     ext_modules=[
-        Extension("rmsnorm._core", sources=BASE_SOURCES, include_dirs=[np.get_include(), "src"])
+        Extension(
+            "rmsnorm._core",
+            sources=BASE_SOURCES,
+            include_dirs=[np.get_include(), "src"],
+            depends=sorted(glob.glob("src/**/*.h", recursive=True)),
+        )
     ],
     cmdclass={"build_ext": BuildExt},
 )

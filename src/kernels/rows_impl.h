@@ -156,26 +156,58 @@ RMS_INLINE void FN(factors)(const T *a, const T *b, const C *w, V vr, size_t i, 
     }
 }
 
+/* Four vectors of terms from i into accumulators p..s. With V_DOT2 (a pairwise dot product of
+ * 2W storage elements, e.g. VDPBF16PS) the squares of x, and of h = round(x + r) packed back
+ * by V_PACK2, take two of them and leave r and s alone; the add and the plain forward pass both
+ * go this way, so that their sums stay bit-identical. */
+RMS_INLINE void FN(quad)(const T *a, const T *b, const C *w, V vr, size_t i, const int kind,
+                         V *p, V *q, V *r, V *s) {
+#ifdef V_DOT2
+    if (kind == RMS_SQ) {
+        *p = V_DOT2(*p, a + i);
+        *q = V_DOT2(*q, a + i + 2 * W);
+        return;
+    }
+    if (kind == RMS_ADDSQ) {
+        V h0 = V_RND(V_ADD(V_LD(a + i), V_LD(b + i)));
+        V h1 = V_RND(V_ADD(V_LD(a + i + W), V_LD(b + i + W)));
+        V h2 = V_RND(V_ADD(V_LD(a + i + 2 * W), V_LD(b + i + 2 * W)));
+        V h3 = V_RND(V_ADD(V_LD(a + i + 3 * W), V_LD(b + i + 3 * W)));
+        *p = V_PACK2DOT(*p, h0, h1);
+        *q = V_PACK2DOT(*q, h2, h3);
+        return;
+    }
+#endif
+    V u0, v0, u1, v1, u2, v2, u3, v3;
+    FN(factors)(a, b, w, vr, i, W, kind, &u0, &v0);
+    FN(factors)(a, b, w, vr, i + W, W, kind, &u1, &v1);
+    FN(factors)(a, b, w, vr, i + 2 * W, W, kind, &u2, &v2);
+    FN(factors)(a, b, w, vr, i + 3 * W, W, kind, &u3, &v3);
+    *p = V_FMA(u0, v0, *p);
+    *q = V_FMA(u1, v1, *q);
+    *r = V_FMA(u2, v2, *r);
+    *s = V_FMA(u3, v3, *s);
+}
+
+/* Eight independent accumulators hide the FMA latency at two FMAs per cycle. */
 RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, C r, size_t n, const int kind) {
     V vr = V_SET(r);
     A l0 = A_ZERO, h0 = A_ZERO, l1 = A_ZERO, h1 = A_ZERO;
-    V u0, v0, u1, v1, u2, v2, u3, v3;
+    V u0, v0;
     size_t i = 0;
     while (i + 4 * W <= n) {
-        V a0 = V_SET((C)0), a1 = a0, a2 = a0, a3 = a0;
+        V a0 = V_SET((C)0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         size_t stop = n - i >= RMS_BLOCK * W ? i + RMS_BLOCK * W : n;
-        for (; i + 4 * W <= stop; i += 4 * W) {
-            FN(factors)(a, b, w, vr, i, W, kind, &u0, &v0);
-            FN(factors)(a, b, w, vr, i + W, W, kind, &u1, &v1);
-            FN(factors)(a, b, w, vr, i + 2 * W, W, kind, &u2, &v2);
-            FN(factors)(a, b, w, vr, i + 3 * W, W, kind, &u3, &v3);
-            a0 = V_FMA(u0, v0, a0);
-            a1 = V_FMA(u1, v1, a1);
-            a2 = V_FMA(u2, v2, a2);
-            a3 = V_FMA(u3, v3, a3);
+        for (; i + 8 * W <= stop; i += 8 * W) {
+            FN(quad)(a, b, w, vr, i, kind, &a0, &a1, &a2, &a3);
+            FN(quad)(a, b, w, vr, i + 4 * W, kind, &a4, &a5, &a6, &a7);
         }
-        A_WIDEN(l0, h0, V_ADD(a0, a1));
-        A_WIDEN(l1, h1, V_ADD(a2, a3));
+        if (i + 4 * W <= stop) {
+            FN(quad)(a, b, w, vr, i, kind, &a0, &a1, &a2, &a3);
+            i += 4 * W;
+        }
+        A_WIDEN(l0, h0, V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)));
+        A_WIDEN(l1, h1, V_ADD(V_ADD(a2, a6), V_ADD(a3, a7)));
     }
     for (; i + W <= n; i += W) {
         FN(factors)(a, b, w, vr, i, W, kind, &u0, &v0);
@@ -257,31 +289,44 @@ static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, s
 /* ---------------------------------------------------------------- forward */
 
 /* t elements of y = (x * r) * w; the constant flags make specialised loops. */
-RMS_INLINE void FN(scale_vec)(const T *x, T *y, const C *w, V vr, size_t t, const int hasw,
-                              const int before, const int nt) {
+RMS_INLINE V FN(scale_val)(const T *x, const C *w, V vr, size_t t, const int hasw,
+                           const int before) {
     V v = V_MUL(LDX(x, t), vr);
     if (before)
         v = V_RND(v);
-    if (hasw)
-        v = V_MUL(v, LDCX(w, t));
+    return hasw ? V_MUL(v, LDCX(w, t)) : v;
+}
+
+/* Stores t elements; a full vector non-temporally when nt. */
+RMS_INLINE void FN(put)(T *y, V v, size_t t, const int nt) {
     if (nt && t == W)
         V_STNT(y, v);
     else
         STX(y, v, t);
 }
 
+/* V_ST2(p, a, b, nt), where an ISA defines it, stores two vectors at once (one check of both
+ * for the fast conversion); the span loops then go two vectors at a time. */
 RMS_INLINE void FN(scale_span)(const T *x, T *y, const C *w, V vr, size_t n, size_t head,
                                const T *pf, const int hasw, const int before, const int nt) {
     size_t i = head;
     if (head)
-        FN(scale_vec)(x, y, w, vr, head, hasw, before, 0);
+        FN(put)(y, FN(scale_val)(x, w, vr, head, hasw, before), head, 0);
+#ifdef V_ST2
+    for (; i + 2 * W <= n; i += 2 * W) {
+        if (pf)
+            RMS_PREFETCH(pf + i);
+        V_ST2(y + i, FN(scale_val)(x + i, hasw ? w + i : w, vr, W, hasw, before),
+              FN(scale_val)(x + i + W, hasw ? w + i + W : w, vr, W, hasw, before), nt);
+    }
+#endif
     for (; i + W <= n; i += W) {
         if (pf)
             RMS_PREFETCH(pf + i);
-        FN(scale_vec)(x + i, y + i, hasw ? w + i : w, vr, W, hasw, before, nt);
+        FN(put)(y + i, FN(scale_val)(x + i, hasw ? w + i : w, vr, W, hasw, before), W, nt);
     }
     if (i < n)
-        FN(scale_vec)(x + i, y + i, hasw ? w + i : w, vr, n - i, hasw, before, 0);
+        FN(put)(y + i, FN(scale_val)(x + i, hasw ? w + i : w, vr, n - i, hasw, before), n - i, 0);
 }
 
 #define RMS_SCALE_CASE(hw, bf)                                                                 \
@@ -327,12 +372,21 @@ static inline size_t FN(group)(size_t k) {
     return g < 1 ? 1 : g > RMS_GROUP ? RMS_GROUP : g;
 }
 
+/* How many rows ahead the second pass prefetches (at least a group): about RMS_PF_BYTES of
+ * input ahead, so that memory stays busy while the first pass of the rows between runs from
+ * cache. `bytes` is one row's input (both inputs for the add and the backward). */
+#define RMS_PF_BYTES (64 * 1024)
+static inline size_t FN(ahead)(size_t g, size_t bytes) {
+    size_t d = (RMS_PF_BYTES + bytes - 1) / (bytes ? bytes : 1);
+    return d < g ? g : d;
+}
+
 static void FN(fwd_rows)(const void *xv, ptrdiff_t xs, void *yv, ptrdiff_t ys, const void *w,
                          void *rstdv, size_t m, size_t k, double eps, int flags) {
     const T *x = (const T *)xv;
     T *y = (T *)yv;
     C *rstd = (C *)rstdv;
-    size_t g = FN(group)(k);
+    size_t g = FN(group)(k), d = FN(ahead)(g, k * sizeof(T));
     for (size_t i = 0; i < m; i += g) {
         size_t n = m - i < g ? m - i : g;
         double ss[RMS_GROUP];
@@ -343,7 +397,7 @@ static void FN(fwd_rows)(const void *xv, ptrdiff_t xs, void *yv, ptrdiff_t ys, c
         for (size_t j = 0; j < n; j++) {
             const T *xr = x + (ptrdiff_t)(i + j) * xs;
             FN(scale_row)(xr, y + (ptrdiff_t)(i + j) * ys, (const C *)w, rstd[i + j], k,
-                          i + j + g < m ? xr + (ptrdiff_t)g * xs : NULL, flags);
+                          i + j + d < m ? xr + (ptrdiff_t)d * xs : NULL, flags);
         }
     }
     if (flags & RMS_STREAM)
@@ -354,21 +408,20 @@ static void FN(fwd_rows)(const void *xv, ptrdiff_t xs, void *yv, ptrdiff_t ys, c
 
 /* Residual add: h = round(x + r). The first pass only reads; the second recomputes h from the
  * cached row, so h and y can both be streamed and h may alias x or r. */
-RMS_INLINE void FN(add_vec)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t t,
-                            const int hasw, const int before, const int nt) {
-    V hv = V_RND(V_ADD(LDX(x, t), LDX(r, t)));
-    V v = V_MUL(hv, vr);
+RMS_INLINE V FN(add_val)(const T *x, const T *r, const C *w, V vr, size_t t, const int hasw,
+                         const int before, V *h) {
+    *h = V_RND(V_ADD(LDX(x, t), LDX(r, t)));
+    V v = V_MUL(*h, vr);
     if (before)
         v = V_RND(v);
-    if (hasw)
-        v = V_MUL(v, LDCX(w, t));
-    if (nt && t == W) {
-        V_STNT(h, hv);
-        V_STNT(y, v);
-    } else {
-        STX(h, hv, t);
-        STX(y, v, t);
-    }
+    return hasw ? V_MUL(v, LDCX(w, t)) : v;
+}
+
+RMS_INLINE void FN(add_vec)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t t,
+                            const int hasw, const int before, const int nt) {
+    V hv, v = FN(add_val)(x, r, w, vr, t, hasw, before, &hv);
+    FN(put)(h, hv, t, nt);
+    FN(put)(y, v, t, nt);
 }
 
 RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t n,
@@ -377,6 +430,18 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const C *w, V v
     size_t i = head;
     if (head)
         FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, 0);
+#ifdef V_ST2
+    for (; i + 2 * W <= n; i += 2 * W) {
+        if (pfx) {
+            RMS_PREFETCH(pfx + i);
+            RMS_PREFETCH(pfr + i);
+        }
+        V h0, h1, v0 = FN(add_val)(x + i, r + i, hasw ? w + i : w, vr, W, hasw, before, &h0);
+        V v1 = FN(add_val)(x + i + W, r + i + W, hasw ? w + i + W : w, vr, W, hasw, before, &h1);
+        V_ST2(h + i, h0, h1, nt);
+        V_ST2(y + i, v0, v1, nt);
+    }
+#endif
     for (; i + W <= n; i += W) {
         if (pfx) {
             RMS_PREFETCH(pfx + i);
@@ -429,7 +494,7 @@ static void FN(add_rows)(const void *xv, ptrdiff_t xs, const void *rv, ptrdiff_t
     const T *x = (const T *)xv, *r = (const T *)rv;
     T *h = (T *)hv, *y = (T *)yv;
     C *rstd = (C *)rstdv;
-    size_t g = FN(group)(2 * k);
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T));
     for (size_t i = 0; i < m; i += g) {
         size_t n = m - i < g ? m - i : g;
         double ss[RMS_GROUP];
@@ -440,10 +505,10 @@ static void FN(add_rows)(const void *xv, ptrdiff_t xs, const void *rv, ptrdiff_t
                                       r + (ptrdiff_t)(i + j) * rs, k, eps);
         for (size_t j = 0; j < n; j++) {
             const T *xr = x + (ptrdiff_t)(i + j) * xs, *rr = r + (ptrdiff_t)(i + j) * rs;
-            int last = i + j + g >= m;
+            int last = i + j + d >= m;
             FN(add_scale_row)(xr, rr, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys,
-                              (const C *)w, rstd[i + j], k, last ? NULL : xr + (ptrdiff_t)g * xs,
-                              last ? NULL : rr + (ptrdiff_t)g * rs, flags);
+                              (const C *)w, rstd[i + j], k, last ? NULL : xr + (ptrdiff_t)d * xs,
+                              last ? NULL : rr + (ptrdiff_t)d * rs, flags);
         }
     }
     if (flags & RMS_STREAM)
@@ -455,19 +520,15 @@ static void FN(add_rows)(const void *xv, ptrdiff_t xs, const void *rv, ptrdiff_t
 /* Per row, with xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and
  * the dgamma partial row gains dy * xhat in the same pass (hasdg 1; hasdg 2 stores it). Every intermediate stays near the
  * scale of dy, so huge or tiny rows neither overflow nor underflow. */
-RMS_INLINE void FN(bwd_vec)(const T *dy, const T *x, const C *w, T *dx, C *dg, V vr, V vc,
-                            size_t t, const int hasw, const int hasdg, const int nt) {
+RMS_INLINE V FN(bwd_val)(const T *dy, const T *x, const C *w, C *dg, V vr, V vc, size_t t,
+                         const int hasw, const int hasdg) {
     V dyv = LDX(dy, t), xh = V_MUL(LDX(x, t), vr);
     V g = hasw ? V_MUL(dyv, LDCX(w, t)) : dyv;
     if (hasdg == 1)
         STCX(dg, V_FMA(dyv, xh, LDCX(dg, t)), t);
     else if (hasdg == 2)
         STCX(dg, V_MUL(dyv, xh), t);
-    V o = V_MUL(vr, V_SUB(g, V_MUL(xh, vc)));
-    if (nt && t == W)
-        V_STNT(dx, o);
-    else
-        STX(dx, o, t);
+    return V_MUL(vr, V_SUB(g, V_MUL(xh, vc)));
 }
 
 RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, V vr, V vc,
@@ -475,18 +536,35 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, 
                              const int hasdg, const int nt) {
     size_t i = head;
     if (head)
-        FN(bwd_vec)(dy, x, w, dx, dg, vr, vc, head, hasw, hasdg, 0);
+        FN(put)(dx, FN(bwd_val)(dy, x, w, dg, vr, vc, head, hasw, hasdg), head, 0);
+#ifdef V_ST2
+    for (; i + 2 * W <= n; i += 2 * W) {
+        if (pdy) {
+            RMS_PREFETCH(pdy + i);
+            RMS_PREFETCH(px + i);
+        }
+        V o0 = FN(bwd_val)(dy + i, x + i, hasw ? w + i : w, hasdg ? dg + i : dg, vr, vc, W, hasw,
+                           hasdg);
+        V o1 = FN(bwd_val)(dy + i + W, x + i + W, hasw ? w + i + W : w,
+                           hasdg ? dg + i + W : dg, vr, vc, W, hasw, hasdg);
+        V_ST2(dx + i, o0, o1, nt);
+    }
+#endif
     for (; i + W <= n; i += W) {
         if (pdy) {
             RMS_PREFETCH(pdy + i);
             RMS_PREFETCH(px + i);
         }
-        FN(bwd_vec)(dy + i, x + i, hasw ? w + i : w, dx + i, hasdg ? dg + i : dg, vr, vc, W,
-                    hasw, hasdg, nt);
+        FN(put)(dx + i,
+                FN(bwd_val)(dy + i, x + i, hasw ? w + i : w, hasdg ? dg + i : dg, vr, vc, W,
+                            hasw, hasdg),
+                W, nt);
     }
     if (i < n)
-        FN(bwd_vec)(dy + i, x + i, hasw ? w + i : w, dx + i, hasdg ? dg + i : dg, vr, vc, n - i,
-                    hasw, hasdg, 0);
+        FN(put)(dx + i,
+                FN(bwd_val)(dy + i, x + i, hasw ? w + i : w, hasdg ? dg + i : dg, vr, vc, n - i,
+                            hasw, hasdg),
+                n - i, 0);
 }
 
 #define RMS_BWD_CASE(hw, hg)                                                                   \
@@ -528,7 +606,7 @@ static void FN(bwd_rows)(const void *dyv, ptrdiff_t dys, const void *xv, ptrdiff
     const T *dy = (const T *)dyv, *x = (const T *)xv;
     T *dx = (T *)dxv;
     const C *rstd = (const C *)rstdv;
-    size_t g = FN(group)(2 * k);
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T));
     for (size_t i = 0; i < m; i += g) {
         size_t n = m - i < g ? m - i : g;
         double c[RMS_GROUP];
@@ -538,10 +616,10 @@ static void FN(bwd_rows)(const void *dyv, ptrdiff_t dys, const void *xv, ptrdiff
                    (double)k;
         for (size_t j = 0; j < n; j++) {
             const T *dyr = dy + (ptrdiff_t)(i + j) * dys, *xr = x + (ptrdiff_t)(i + j) * xs;
-            int last = i + j + g >= m;
+            int last = i + j + d >= m;
             FN(bwd_row)(dyr, xr, (const C *)w, dx + (ptrdiff_t)(i + j) * dxs, rstd[i + j],
-                        (C)c[j], (C *)dg, k, last ? NULL : dyr + (ptrdiff_t)g * dys,
-                        last ? NULL : xr + (ptrdiff_t)g * xs, flags);
+                        (C)c[j], (C *)dg, k, last ? NULL : dyr + (ptrdiff_t)d * dys,
+                        last ? NULL : xr + (ptrdiff_t)d * xs, flags);
         }
     }
     if (flags & RMS_STREAM)
@@ -563,6 +641,9 @@ static void FN(bwd_rows)(const void *dyv, ptrdiff_t dys, const void *xv, ptrdiff
 #undef V_LDP
 #undef V_STP
 #undef RMS_OWN_LDP
+#undef V_DOT2
+#undef V_ST2
+#undef V_PACK2DOT
 #ifdef RMS_OWN_LDCP
 #undef RMS_OWN_LDCP
 #undef V_LDCP
