@@ -269,6 +269,10 @@ static void touched(const share *s, size_t k, size_t *lo, size_t *hi) {
     }
 }
 
+/* Bytes between the threads' partial dgamma rows: whole pairs of cache lines, so that no two
+ * threads ever write the same line (short rows are updated once per row). */
+static size_t dg_pitch(size_t k, size_t cs) { return (k * cs + 127) / 128 * 128; }
+
 static void reduce_columns(const rms_bwd_args *a, const char *parts, const share *sh, int nt,
                            size_t c0, size_t c1) {
     int f64 = a->dtype == RMS_F64;
@@ -279,7 +283,7 @@ static void reduce_columns(const rms_bwd_args *a, const char *parts, const share
         touched(&sh[t], a->k, &lo, &hi);
         lo = lo > c0 ? lo : c0;
         hi = hi < c1 ? hi : c1;
-        const char *row = parts + (size_t)t * a->k * cs;
+        const char *row = parts + (size_t)t * dg_pitch(a->k, cs);
         if (f64)
             for (size_t j = lo; j < hi; j++)
                 ((double *)a->dgamma)[j] += ((const double *)row)[j];
@@ -300,7 +304,7 @@ static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char 
     {
         int t = thread_id();
         share s = split(a->m * k, k, t, nt);
-        char *dg = dg_rows ? dg_rows + (size_t)t * k * cs : (char *)a->dgamma;
+        char *dg = dg_rows ? dg_rows + (size_t)t * dg_pitch(k, cs) : (char *)a->dgamma;
         if (dg_rows) {
             size_t lo, hi;
             touched(&s, k, &lo, &hi);
@@ -353,10 +357,10 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
         bwd_rows(kt, a, 0, a->m, a->dgamma, esize(a->dtype), cs, flags);
         return 0;
     }
-    char *dg_rows = NULL;
-    if (a->dgamma && a->m > 1 && !(dg_rows = malloc((size_t)nt * a->k * cs)))
+    void *dg_rows = NULL;
+    if (a->dgamma && a->m > 1 && posix_memalign(&dg_rows, 128, (size_t)nt * dg_pitch(a->k, cs)))
         return -1;
-    bwd_team(kt, a, nt, dg_rows, flags);
+    bwd_team(kt, a, nt, (char *)dg_rows, flags);
     free(dg_rows);
     return 0;
 }

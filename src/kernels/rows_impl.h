@@ -375,7 +375,9 @@ static inline size_t FN(group)(size_t k) {
 /* How many rows ahead the second pass prefetches (at least a group): about RMS_PF_BYTES of
  * input ahead, so that memory stays busy while the first pass of the rows between runs from
  * cache. `bytes` is one row's input (both inputs for the add and the backward). */
+#ifndef RMS_PF_BYTES
 #define RMS_PF_BYTES (64 * 1024)
+#endif
 static inline size_t FN(ahead)(size_t g, size_t bytes) {
     size_t d = (RMS_PF_BYTES + bytes - 1) / (bytes ? bytes : 1);
     return d < g ? g : d;
