@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "kernels/reference.h"
 
@@ -53,6 +56,18 @@ void rms_threads_init(void) {
     const char *s = getenv("RMSNORM_STREAM_BYTES"); /* tuning knob: 0 streams everything */
     if (s && *s)
         stream_bytes = (size_t)strtoull(s, NULL, 10);
+}
+
+void rms_advise_huge(void *p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
 }
 
 int rms_threads_get(void) { return __atomic_load_n(&n_threads, __ATOMIC_RELAXED); }

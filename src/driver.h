@@ -48,6 +48,11 @@ void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, d
                  size_t n, int widen, int nthreads);
 
 /* Thread count: RMSNORM_NUM_THREADS, then OMP_NUM_THREADS, then the CPUs this process may use. */
+/* Asks the OS to back the whole 2 MiB pages inside [p, p + bytes) with huge pages when they are
+ * first touched (Linux transparent huge pages in "madvise" mode; a no-op elsewhere). A fresh
+ * output written in 4 KiB pages costs a page fault per page, several times the kernel itself. */
+void rms_advise_huge(void *p, size_t bytes);
+
 void rms_threads_init(void);
 int rms_threads_get(void);
 void rms_threads_set(int n);
