@@ -32,6 +32,27 @@
 #define RMS_PREFETCH(p) __builtin_prefetch((p), 0, 2)
 /* the row reductions: sum x^2, sum round(x + r)^2, sum dy * x, sum dy * w * x */
 enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW };
+/* options of a row loop, switched once per call into constants: weight, round before the
+ * weight, non-temporal stores */
+enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4 };
+/* the cases of a switch over every combination of bits b0..b2, each running X(constant) */
+#define RMS_CASES3(X, b0, b1, b2)                                                              \
+    case 0:                                                                                    \
+        X(0);                                                                                  \
+    case (b0):                                                                                 \
+        X(b0);                                                                                 \
+    case (b1):                                                                                 \
+        X(b1);                                                                                 \
+    case (b0) | (b1):                                                                          \
+        X((b0) | (b1));                                                                        \
+    case (b2):                                                                                 \
+        X(b2);                                                                                 \
+    case (b0) | (b2):                                                                          \
+        X((b0) | (b2));                                                                        \
+    case (b1) | (b2):                                                                          \
+        X((b1) | (b2));                                                                        \
+    case (b0) | (b1) | (b2):                                                                   \
+        X((b0) | (b1) | (b2))
 /* Flush the compute-type accumulators into float64 every RMS_BLOCK vectors. */
 #define RMS_BLOCK 32
 /* The table row for one dtype of one ISA. */
@@ -329,36 +350,19 @@ RMS_INLINE void FN(scale_span)(const T *x, T *y, const C *w, V vr, size_t n, siz
         FN(put)(y + i, FN(scale_val)(x + i, hasw ? w + i : w, vr, n - i, hasw, before), n - i, 0);
 }
 
-#define RMS_SCALE_CASE(hw, bf)                                                                 \
-    do {                                                                                       \
-        if (stream)                                                                            \
-            FN(scale_span)(x, y, w, vr, n, head, pf, hw, bf, 1);                               \
-        else                                                                                   \
-            FN(scale_span)(x, y, w, vr, n, head, pf, hw, bf, 0);                               \
-    } while (0)
-
-/* One row's scaling without the store fence (row loops fence once at the end). While the row
- * is rescaled from cache, `pf` (the next row, or NULL) is prefetched so that memory stays busy. */
-static void FN(scale_row)(const T *x, T *y, const C *w, C r, size_t n, const T *pf, int flags) {
-    V vr = V_SET(r);
-    size_t head;
-    int stream = FN(plan_stream)(y, NULL, n, flags, &head);
-    int before = (flags & RMS_CAST_BEFORE) != 0;
-    if (w) {
-        if (before)
-            RMS_SCALE_CASE(1, 1);
-        else
-            RMS_SCALE_CASE(1, 0);
-    } else {
-        if (before)
-            RMS_SCALE_CASE(0, 1);
-        else
-            RMS_SCALE_CASE(0, 0);
-    }
-}
-
+/* One row piece with a given rstd (a row split across threads), fenced when streamed. */
 static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n, int flags) {
-    FN(scale_row)((const T *)x, (T *)y, (const C *)w, (C)r, n, NULL, flags);
+    size_t head;
+    int opt = (w ? RMS_O_W : 0) | ((flags & RMS_CAST_BEFORE) ? RMS_O_BEFORE : 0) |
+              (FN(plan_stream)((T *)y, NULL, n, flags, &head) ? RMS_O_NT : 0);
+#define RMS_X(o)                                                                               \
+    FN(scale_span)((const T *)x, (T *)y, (const C *)w, V_SET((C)r), n, head, NULL,            \
+                   ((o) & RMS_O_W) != 0, ((o) & RMS_O_BEFORE) != 0, ((o) & RMS_O_NT) != 0);   \
+    break
+    switch (opt) {
+        RMS_CASES3(RMS_X, RMS_O_W, RMS_O_BEFORE, RMS_O_NT);
+    }
+#undef RMS_X
     if (flags & RMS_STREAM)
         V_FENCE();
 }
@@ -383,25 +387,45 @@ static inline size_t FN(ahead)(size_t g, size_t bytes) {
     return d < g ? g : d;
 }
 
-static void FN(fwd_rows)(const void *xv, ptrdiff_t xs, void *yv, ptrdiff_t ys, const void *w,
-                         void *rstdv, size_t m, size_t k, double eps, int flags) {
-    const T *x = (const T *)xv;
-    T *y = (T *)yv;
-    C *rstd = (C *)rstdv;
+/* The row loops switch their options into constants once per call (RMS_CASES3), and inline
+ * both passes of every row, so that the fixed cost of a short row stays small. A row whose
+ * output cannot reach the streaming alignment is stored normally. */
+RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const C *w, C *rstd,
+                             size_t m, size_t k, double eps, const int hasw, const int before,
+                             const int nt) {
     size_t g = FN(group)(k), d = FN(ahead)(g, k * sizeof(T));
     for (size_t i = 0; i < m; i += g) {
         size_t n = m - i < g ? m - i : g;
         double ss[RMS_GROUP];
         for (size_t j = 0; j < n; j++)
-            ss[j] = FN(sumsq)(x + (ptrdiff_t)(i + j) * xs, k);
+            ss[j] = FN(reduce)(x + (ptrdiff_t)(i + j) * xs, NULL, NULL, (C)1, k, RMS_SQ);
         for (size_t j = 0; j < n; j++)
             rstd[i + j] = (C)FN(rstd)(ss[j], x + (ptrdiff_t)(i + j) * xs, NULL, k, eps);
         for (size_t j = 0; j < n; j++) {
             const T *xr = x + (ptrdiff_t)(i + j) * xs;
-            FN(scale_row)(xr, y + (ptrdiff_t)(i + j) * ys, (const C *)w, rstd[i + j], k,
-                          i + j + d < m ? xr + (ptrdiff_t)d * xs : NULL, flags);
+            const T *pf = i + j + d < m ? xr + (ptrdiff_t)d * xs : NULL;
+            T *yr = y + (ptrdiff_t)(i + j) * ys;
+            size_t head = nt ? FN(stream_head)(yr, k) : 0;
+            if (head == (size_t)-1)
+                FN(scale_span)(xr, yr, w, V_SET(rstd[i + j]), k, 0, pf, hasw, before, 0);
+            else
+                FN(scale_span)(xr, yr, w, V_SET(rstd[i + j]), k, head, pf, hasw, before, nt);
         }
     }
+}
+
+static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, const void *w,
+                         void *rstd, size_t m, size_t k, double eps, int flags) {
+    int opt = (w ? RMS_O_W : 0) | ((flags & RMS_CAST_BEFORE) ? RMS_O_BEFORE : 0) |
+              ((flags & RMS_STREAM) ? RMS_O_NT : 0);
+#define RMS_X(o)                                                                               \
+    FN(fwd_loop)((const T *)x, xs, (T *)y, ys, (const C *)w, (C *)rstd, m, k, eps,            \
+                 ((o) & RMS_O_W) != 0, ((o) & RMS_O_BEFORE) != 0, ((o) & RMS_O_NT) != 0);     \
+    break
+    switch (opt) {
+        RMS_CASES3(RMS_X, RMS_O_W, RMS_O_BEFORE, RMS_O_NT);
+    }
+#undef RMS_X
     if (flags & RMS_STREAM)
         V_FENCE();
 }
@@ -455,64 +479,68 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const C *w, V v
         FN(add_vec)(x + i, r + i, h + i, y + i, hasw ? w + i : w, vr, n - i, hasw, before, 0);
 }
 
-#define RMS_ADD_CASE(hw, bf)                                                                   \
-    do {                                                                                       \
-        if (stream)                                                                            \
-            FN(add_span)(x, r, h, y, w, vr, n, head, pfx, pfr, hw, bf, 1);                     \
-        else                                                                                   \
-            FN(add_span)(x, r, h, y, w, vr, n, head, pfx, pfr, hw, bf, 0);                     \
-    } while (0)
-
-static void FN(add_scale_row)(const T *x, const T *r, T *h, T *y, const C *w, C rs, size_t n,
-                              const T *pfx, const T *pfr, int flags) {
-    V vr = V_SET(rs);
-    size_t head;
-    int stream = FN(plan_stream)(y, h, n, flags, &head);
-    int before = (flags & RMS_CAST_BEFORE) != 0;
-    if (w) {
-        if (before)
-            RMS_ADD_CASE(1, 1);
-        else
-            RMS_ADD_CASE(1, 0);
-    } else {
-        if (before)
-            RMS_ADD_CASE(0, 1);
-        else
-            RMS_ADD_CASE(0, 0);
-    }
-}
-
 static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const void *w,
                           double rs, size_t n, int flags) {
-    FN(add_scale_row)((const T *)x, (const T *)r, (T *)h, (T *)y, (const C *)w, (C)rs, n, NULL,
-                      NULL, flags);
+    size_t head;
+    int opt = (w ? RMS_O_W : 0) | ((flags & RMS_CAST_BEFORE) ? RMS_O_BEFORE : 0) |
+              (FN(plan_stream)((T *)y, (T *)h, n, flags, &head) ? RMS_O_NT : 0);
+#define RMS_X(o)                                                                               \
+    FN(add_span)((const T *)x, (const T *)r, (T *)h, (T *)y, (const C *)w, V_SET((C)rs), n,   \
+                 head, NULL, NULL, ((o) & RMS_O_W) != 0, ((o) & RMS_O_BEFORE) != 0,           \
+                 ((o) & RMS_O_NT) != 0);                                                       \
+    break
+    switch (opt) {
+        RMS_CASES3(RMS_X, RMS_O_W, RMS_O_BEFORE, RMS_O_NT);
+    }
+#undef RMS_X
     if (flags & RMS_STREAM)
         V_FENCE();
 }
 
-static void FN(add_rows)(const void *xv, ptrdiff_t xs, const void *rv, ptrdiff_t rs, void *hv,
-                         ptrdiff_t hs, void *yv, ptrdiff_t ys, const void *w, void *rstdv,
-                         size_t m, size_t k, double eps, int flags) {
-    const T *x = (const T *)xv, *r = (const T *)rv;
-    T *h = (T *)hv, *y = (T *)yv;
-    C *rstd = (C *)rstdv;
+RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
+                             ptrdiff_t hs, T *y, ptrdiff_t ys, const C *w, C *rstd, size_t m,
+                             size_t k, double eps, const int hasw, const int before,
+                             const int nt) {
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T));
     for (size_t i = 0; i < m; i += g) {
         size_t n = m - i < g ? m - i : g;
         double ss[RMS_GROUP];
         for (size_t j = 0; j < n; j++)
-            ss[j] = FN(add_sumsq)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs, k);
+            ss[j] = FN(reduce)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs, NULL,
+                               (C)1, k, RMS_ADDSQ);
         for (size_t j = 0; j < n; j++)
             rstd[i + j] = (C)FN(rstd)(ss[j], x + (ptrdiff_t)(i + j) * xs,
                                       r + (ptrdiff_t)(i + j) * rs, k, eps);
         for (size_t j = 0; j < n; j++) {
             const T *xr = x + (ptrdiff_t)(i + j) * xs, *rr = r + (ptrdiff_t)(i + j) * rs;
+            T *hr = h + (ptrdiff_t)(i + j) * hs, *yr = y + (ptrdiff_t)(i + j) * ys;
             int last = i + j + d >= m;
-            FN(add_scale_row)(xr, rr, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys,
-                              (const C *)w, rstd[i + j], k, last ? NULL : xr + (ptrdiff_t)d * xs,
-                              last ? NULL : rr + (ptrdiff_t)d * rs, flags);
+            const T *px = last ? NULL : xr + (ptrdiff_t)d * xs,
+                    *pr = last ? NULL : rr + (ptrdiff_t)d * rs;
+            size_t head = nt ? FN(stream_head)(yr, k) : 0;
+            V vr = V_SET(rstd[i + j]);
+            if (nt && (head == (size_t)-1 || FN(stream_head)(hr, k) != head))
+                FN(add_span)(xr, rr, hr, yr, w, vr, k, 0, px, pr, hasw, before, 0);
+            else
+                FN(add_span)(xr, rr, hr, yr, w, vr, k, head, px, pr, hasw, before, nt);
         }
     }
+}
+
+static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
+                         ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd,
+                         size_t m, size_t k, double eps, int flags) {
+    int opt = (w ? RMS_O_W : 0) | ((flags & RMS_CAST_BEFORE) ? RMS_O_BEFORE : 0) |
+              ((flags & RMS_STREAM) ? RMS_O_NT : 0);
+#define RMS_X(o)                                                                               \
+    FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, (const C *)w,    \
+                 (C *)rstd, m, k, eps, ((o) & RMS_O_W) != 0, ((o) & RMS_O_BEFORE) != 0,       \
+                 ((o) & RMS_O_NT) != 0);                                                       \
+    break
+    switch (opt) {
+        RMS_CASES3(RMS_X, RMS_O_W, RMS_O_BEFORE, RMS_O_NT);
+    }
+#undef RMS_X
     if (flags & RMS_STREAM)
         V_FENCE();
 }
@@ -520,8 +548,8 @@ static void FN(add_rows)(const void *xv, ptrdiff_t xs, const void *rv, ptrdiff_t
 /* ---------------------------------------------------------------- backward */
 
 /* Per row, with xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and
- * the dgamma partial row gains dy * xhat in the same pass (hasdg 1; hasdg 2 stores it). Every intermediate stays near the
- * scale of dy, so huge or tiny rows neither overflow nor underflow. */
+ * the dgamma partial row gains dy * xhat in the same pass (hasdg 1; hasdg 2 stores it). Every
+ * intermediate stays near the scale of dy, so huge or tiny rows neither overflow nor underflow. */
 RMS_INLINE V FN(bwd_val)(const T *dy, const T *x, const C *w, C *dg, V vr, V vc, size_t t,
                          const int hasw, const int hasdg) {
     V dyv = LDX(dy, t), xh = V_MUL(LDX(x, t), vr);
@@ -569,61 +597,87 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, 
                 n - i, 0);
 }
 
-#define RMS_BWD_CASE(hw, hg)                                                                   \
-    do {                                                                                       \
-        if (stream)                                                                            \
-            FN(bwd_span)(dy, x, w, dx, dg, vr, vc, n, head, pdy, px, hw, hg, 1);               \
-        else                                                                                   \
-            FN(bwd_span)(dy, x, w, dx, dg, vr, vc, n, head, pdy, px, hw, hg, 0);               \
-    } while (0)
+/* The bwd_rows switch: o = hasw | hasdg << 1 | nt << 3, where hasdg is 0 (none), 1 (accumulate
+ * into dg) or 2 (store: one row) and needs a weight. */
+#define RMS_BWD_CASES(X)                                                                       \
+    case 0:                                                                                    \
+        X(0);                                                                                  \
+    case 8:                                                                                    \
+        X(8);                                                                                  \
+    case 1:                                                                                    \
+        X(1);                                                                                  \
+    case 9:                                                                                    \
+        X(9);                                                                                  \
+    case 3:                                                                                    \
+        X(3);                                                                                  \
+    case 11:                                                                                   \
+        X(11);                                                                                 \
+    case 5:                                                                                    \
+        X(5);                                                                                  \
+    case 13:                                                                                   \
+        X(13)
 
-/* dx for one row (and its dgamma terms when dg is set); prefetches the next row's dy and x
- * (pdy, px) while this one is read from cache. */
-static void FN(bwd_row)(const T *dy, const T *x, const C *w, T *dx, C r, C c, C *dg, size_t n,
-                        const T *pdy, const T *px, int flags) {
-    V vr = V_SET(r), vc = V_SET(c);
-    size_t head;
-    int stream = FN(plan_stream)(dx, NULL, n, flags, &head);
-    if (w && dg && (flags & RMS_DG_STORE))
-        RMS_BWD_CASE(1, 2);
-    else if (w && dg)
-        RMS_BWD_CASE(1, 1);
-    else if (w)
-        RMS_BWD_CASE(1, 0);
-    else
-        RMS_BWD_CASE(0, 0);
+static inline int FN(bwd_opt)(const void *w, const void *dg, int flags, int nt) {
+    int hasdg = w && dg ? ((flags & RMS_DG_STORE) ? 2 : 1) : 0;
+    return (w ? 1 : 0) | (hasdg << 1) | (nt ? 8 : 0);
 }
 
 static void FN(bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
                     void *dg, size_t n, int flags) {
-    FN(bwd_row)((const T *)dy, (const T *)x, (const C *)w, (T *)dx, (C)r, (C)c, (C *)dg, n, NULL,
-                NULL, flags);
+    size_t head;
+    int opt = FN(bwd_opt)(w, dg, flags, FN(plan_stream)((T *)dx, NULL, n, flags, &head));
+#define RMS_X(o)                                                                               \
+    FN(bwd_span)((const T *)dy, (const T *)x, (const C *)w, (T *)dx, (C *)dg, V_SET((C)r),    \
+                 V_SET((C)c), n, head, NULL, NULL, (o) & 1, ((o) >> 1) & 3, ((o) & 8) != 0);  \
+    break
+    switch (opt) {
+        RMS_BWD_CASES(RMS_X);
+    }
+#undef RMS_X
     if (flags & RMS_STREAM)
         V_FENCE();
 }
 
-static void FN(bwd_rows)(const void *dyv, ptrdiff_t dys, const void *xv, ptrdiff_t xs,
-                         void *dxv, ptrdiff_t dxs, const void *w, const void *rstdv, void *dg,
-                         size_t m, size_t k, int flags) {
-    const T *dy = (const T *)dyv, *x = (const T *)xv;
-    T *dx = (T *)dxv;
-    const C *rstd = (const C *)rstdv;
+/* hasdg: 0 none, 1 accumulate into dg, 2 store (one row) */
+RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
+                             ptrdiff_t dxs, const C *w, const C *rstd, C *dg, size_t m, size_t k,
+                             const int hasw, const int hasdg, const int nt) {
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T));
     for (size_t i = 0; i < m; i += g) {
         size_t n = m - i < g ? m - i : g;
         double c[RMS_GROUP];
         for (size_t j = 0; j < n; j++)
-            c[j] = FN(dot)(dy + (ptrdiff_t)(i + j) * dys, x + (ptrdiff_t)(i + j) * xs, w,
-                           (double)rstd[i + j], k) /
+            c[j] = FN(reduce)(dy + (ptrdiff_t)(i + j) * dys, x + (ptrdiff_t)(i + j) * xs, w,
+                              rstd[i + j], k, hasw ? RMS_DOTW : RMS_DOT) /
                    (double)k;
         for (size_t j = 0; j < n; j++) {
             const T *dyr = dy + (ptrdiff_t)(i + j) * dys, *xr = x + (ptrdiff_t)(i + j) * xs;
+            T *dxr = dx + (ptrdiff_t)(i + j) * dxs;
             int last = i + j + d >= m;
-            FN(bwd_row)(dyr, xr, (const C *)w, dx + (ptrdiff_t)(i + j) * dxs, rstd[i + j],
-                        (C)c[j], (C *)dg, k, last ? NULL : dyr + (ptrdiff_t)d * dys,
-                        last ? NULL : xr + (ptrdiff_t)d * xs, flags);
+            const T *pdy = last ? NULL : dyr + (ptrdiff_t)d * dys,
+                    *px = last ? NULL : xr + (ptrdiff_t)d * xs;
+            V vr = V_SET(rstd[i + j]), vc = V_SET((C)c[j]);
+            size_t head = nt ? FN(stream_head)(dxr, k) : 0;
+            if (head == (size_t)-1)
+                FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vc, k, 0, pdy, px, hasw, hasdg, 0);
+            else
+                FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vc, k, head, pdy, px, hasw, hasdg, nt);
         }
     }
+}
+
+static void FN(bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
+                         ptrdiff_t dxs, const void *w, const void *rstd, void *dg, size_t m,
+                         size_t k, int flags) {
+    int opt = FN(bwd_opt)(w, dg, flags, flags & RMS_STREAM);
+#define RMS_X(o)                                                                               \
+    FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, (const C *)w,            \
+                 (const C *)rstd, (C *)dg, m, k, (o) & 1, ((o) >> 1) & 3, ((o) & 8) != 0);    \
+    break
+    switch (opt) {
+        RMS_BWD_CASES(RMS_X);
+    }
+#undef RMS_X
     if (flags & RMS_STREAM)
         V_FENCE();
 }
