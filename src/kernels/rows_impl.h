@@ -210,7 +210,8 @@ RMS_INLINE void FN(quad)(const T *a, const T *b, const C *w, V vr, size_t i, con
     *s = V_FMA(u3, v3, *s);
 }
 
-/* Eight independent accumulators hide the FMA latency at two FMAs per cycle. */
+/* Eight independent accumulators hide the FMA latency at two FMAs per cycle; a block (up to
+ * RMS_BLOCK vectors) is summed in the compute type, then widened once. */
 RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, C r, size_t n, const int kind) {
     V vr = V_SET(r);
     A l0 = A_ZERO, h0 = A_ZERO, l1 = A_ZERO, h1 = A_ZERO;
@@ -227,8 +228,8 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, C r, size_t n, 
             FN(quad)(a, b, w, vr, i, kind, &a0, &a1, &a2, &a3);
             i += 4 * W;
         }
-        A_WIDEN(l0, h0, V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)));
-        A_WIDEN(l1, h1, V_ADD(V_ADD(a2, a6), V_ADD(a3, a7)));
+        V sum = V_ADD(V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)), V_ADD(V_ADD(a2, a6), V_ADD(a3, a7)));
+        A_WIDEN(l0, h0, sum);
     }
     for (; i + W <= n; i += W) {
         FN(factors)(a, b, w, vr, i, W, kind, &u0, &v0);
