@@ -11,7 +11,10 @@
  *   A_WIDEN(l, h, v)     l, h += v widened to float64 (l += v when C is double)
  * and optionally masked partial accesses of n < W elements: V_LDP(p, n), V_STP(p, v, n) for the
  * storage type (undefined after each inclusion) and V_LDCP(p, n), V_STCP(p, v, n) for the
- * compute type. Without them partial vectors go through a zeroed stack buffer.
+ * compute type. Without them partial vectors go through a zeroed stack buffer. Also optional:
+ * V_ST2(p, a, b, nt), storing two vectors at once (the span loops then go two at a time), and
+ * V_DOT2(acc, p) / V_PACK2DOT(acc, lo, hi), pairwise sums of squares of 2W storage elements
+ * (read, or packed from two rounded vectors) for the forward and the add alike.
  *
  * Row sums end in float64: short runs of compute-type FMAs in several independent accumulators
  * (hiding FMA latency) are flushed into float64 before they can lose accuracy, so the sum is
