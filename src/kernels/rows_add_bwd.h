@@ -1,0 +1,218 @@
+/* The residual add and the backward row loops: the second half of rows_impl.h, included by it
+ * once per dtype x ISA with the same macros in force (see there). */
+
+/* ---------------------------------------------------------------- residual add */
+
+/* Residual add: h = round(x + r). The first pass only reads; the second recomputes h from the
+ * cached row, so h and y can both be streamed and h may alias x or r. */
+RMS_INLINE V FN(add_val)(const T *x, const T *r, const C *w, V vr, size_t t, const int hasw,
+                         const int before, V *h) {
+    *h = V_RND(V_ADD(LDX(x, t), LDX(r, t)));
+    V v = V_MUL(*h, vr);
+    if (before)
+        v = V_RND(v);
+    return hasw ? V_MUL(v, LDCX(w, t)) : v;
+}
+
+RMS_INLINE void FN(add_vec)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t t,
+                            const int hasw, const int before, const int nt) {
+    V hv, v = FN(add_val)(x, r, w, vr, t, hasw, before, &hv);
+    FN(put)(h, hv, t, nt);
+    FN(put)(y, v, t, nt);
+}
+
+RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t n,
+                             size_t head, const T *pfx, const T *pfr, const int hasw,
+                             const int before, const int nt) {
+    size_t i = head;
+    if (head)
+        FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, 0);
+#ifdef V_ST2
+    for (; i + 2 * W <= n; i += 2 * W) {
+        FN(pf2)(pfx, pfr, i);
+        V h0, h1, v0 = FN(add_val)(x + i, r + i, hasw ? w + i : w, vr, W, hasw, before, &h0);
+        V v1 = FN(add_val)(x + i + W, r + i + W, hasw ? w + i + W : w, vr, W, hasw, before, &h1);
+        V_ST2(h + i, h0, h1, nt);
+        V_ST2(y + i, v0, v1, nt);
+    }
+#endif
+    for (; i + W <= n; i += W) {
+        FN(pf2)(pfx, pfr, i);
+        FN(add_vec)(x + i, r + i, h + i, y + i, hasw ? w + i : w, vr, W, hasw, before, nt);
+    }
+    if (i < n)
+        FN(add_vec)(x + i, r + i, h + i, y + i, hasw ? w + i : w, vr, n - i, hasw, before, 0);
+}
+
+static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const void *w,
+                          double rs, size_t n, int flags) {
+    size_t head;
+    int opt = FN(opts)(w, flags, FN(plan_stream)((T *)y, (T *)h, n, flags, &head));
+#define RMS_X(hw, bf, nt)                                                                          \
+    FN(add_span)((const T *)x, (const T *)r, (T *)h, (T *)y, (const C *)w, V_SET((C)rs), n,        \
+                 head, NULL, NULL, hw, bf,                                                         \
+                 nt);
+    RMS_SWITCH3(opt, flags, RMS_X);
+#undef RMS_X
+}
+
+RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
+                             ptrdiff_t hs, T *y, ptrdiff_t ys, const C *w, C *rstd, size_t m,
+                             size_t k, double eps, const int hasw, const int before,
+                             const int nt) {
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T));
+    for (size_t i = 0; i < m; i += g) {
+        size_t n = m - i < g ? m - i : g;
+        double ss[RMS_GROUP];
+        for (size_t j = 0; j < n; j++)
+            ss[j] = FN(reduce)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs, NULL,
+                               (C)1, k, RMS_ADDSQ);
+        for (size_t j = 0; j < n; j++)
+            rstd[i + j] = (C)FN(rstd)(ss[j], x + (ptrdiff_t)(i + j) * xs,
+                                      r + (ptrdiff_t)(i + j) * rs, k, eps);
+        for (size_t j = 0; j < n; j++) {
+            const T *xr = x + (ptrdiff_t)(i + j) * xs, *rr = r + (ptrdiff_t)(i + j) * rs;
+            T *hr = h + (ptrdiff_t)(i + j) * hs, *yr = y + (ptrdiff_t)(i + j) * ys;
+            int last = i + j + d >= m;
+            const T *px = last ? NULL : xr + (ptrdiff_t)d * xs,
+                    *pr = last ? NULL : rr + (ptrdiff_t)d * rs;
+            size_t head = nt ? FN(stream_head)(yr, k) : 0;
+            V vr = V_SET(rstd[i + j]);
+            if (nt && (head == (size_t)-1 || FN(stream_head)(hr, k) != head))
+                FN(add_span)(xr, rr, hr, yr, w, vr, k, 0, px, pr, hasw, before, 0);
+            else
+                FN(add_span)(xr, rr, hr, yr, w, vr, k, head, px, pr, hasw, before, nt);
+        }
+    }
+}
+
+static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
+                         ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd,
+                         size_t m, size_t k, double eps, int flags) {
+    int opt = FN(opts)(w, flags, flags & RMS_STREAM);
+#define RMS_X(hw, bf, nt)                                                                          \
+    FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, (const C *)w,         \
+                 (C *)rstd, m, k, eps, hw, bf,                                                     \
+                 nt);
+    RMS_SWITCH3(opt, flags, RMS_X);
+#undef RMS_X
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* Per row, with xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and
+ * the dgamma partial row gains dy * xhat in the same pass (hasdg 1; hasdg 2 stores it). Every
+ * intermediate stays near the scale of dy, so huge or tiny rows neither overflow nor underflow. */
+RMS_INLINE V FN(bwd_val)(const T *dy, const T *x, const C *w, C *dg, V vr, V vc, size_t t,
+                         const int hasw, const int hasdg) {
+    V dyv = LDX(dy, t), xh = V_MUL(LDX(x, t), vr);
+    V g = hasw ? V_MUL(dyv, LDCX(w, t)) : dyv;
+    if (hasdg == 1)
+        STCX(dg, V_FMA(dyv, xh, LDCX(dg, t)), t);
+    else if (hasdg == 2)
+        STCX(dg, V_MUL(dyv, xh), t);
+    return V_MUL(vr, V_SUB(g, V_MUL(xh, vc)));
+}
+
+RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, V vr, V vc,
+                             size_t n, size_t head, const T *pdy, const T *px, const int hasw,
+                             const int hasdg, const int nt) {
+    size_t i = head;
+    if (head)
+        FN(put)(dx, FN(bwd_val)(dy, x, w, dg, vr, vc, head, hasw, hasdg), head, 0);
+#ifdef V_ST2
+    for (; i + 2 * W <= n; i += 2 * W) {
+        FN(pf2)(pdy, px, i);
+        V o0 = FN(bwd_val)(dy + i, x + i, hasw ? w + i : w, hasdg ? dg + i : dg, vr, vc, W, hasw,
+                           hasdg);
+        V o1 = FN(bwd_val)(dy + i + W, x + i + W, hasw ? w + i + W : w,
+                           hasdg ? dg + i + W : dg, vr, vc, W, hasw, hasdg);
+        V_ST2(dx + i, o0, o1, nt);
+    }
+#endif
+    for (; i + W <= n; i += W) {
+        FN(pf2)(pdy, px, i);
+        FN(put)(dx + i,
+                FN(bwd_val)(dy + i, x + i, hasw ? w + i : w, hasdg ? dg + i : dg, vr, vc, W,
+                            hasw, hasdg),
+                W, nt);
+    }
+    if (i < n)
+        FN(put)(dx + i,
+                FN(bwd_val)(dy + i, x + i, hasw ? w + i : w, hasdg ? dg + i : dg, vr, vc, n - i,
+                            hasw, hasdg),
+                n - i, 0);
+}
+
+/* X(hasw, hasdg, nt) with constant arguments for o = hasw | hasdg << 1 | nt << 3, where hasdg is
+ * 0 (none), 1 (accumulate into dg) or 2 (store: one row) and needs a weight; then the fence. */
+#define RMS_SWITCH_BWD(o, flags, X)                                                                \
+    do {                                                                                           \
+        switch (o) {                                                                               \
+        case 0: X(0, 0, 0); break;                                                                 \
+        case 8: X(0, 0, 1); break;                                                                 \
+        case 1: X(1, 0, 0); break;                                                                 \
+        case 9: X(1, 0, 1); break;                                                                 \
+        case 3: X(1, 1, 0); break;                                                                 \
+        case 11: X(1, 1, 1); break;                                                                \
+        case 5: X(1, 2, 0); break;                                                                 \
+        default: X(1, 2, 1); break;                                                                \
+        }                                                                                          \
+        if ((flags) & RMS_STREAM)                                                                  \
+            V_FENCE();                                                                             \
+    } while (0)
+
+static inline int FN(bwd_opt)(const void *w, const void *dg, int flags, int nt) {
+    int hasdg = w && dg ? ((flags & RMS_DG_STORE) ? 2 : 1) : 0;
+    return (w ? 1 : 0) | (hasdg << 1) | (nt ? 8 : 0);
+}
+
+static void FN(bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
+                    void *dg, size_t n, int flags) {
+    size_t head;
+    int opt = FN(bwd_opt)(w, dg, flags, FN(plan_stream)((T *)dx, NULL, n, flags, &head));
+#define RMS_X(hw, hg, nt)                                                                          \
+    FN(bwd_span)((const T *)dy, (const T *)x, (const C *)w, (T *)dx, (C *)dg, V_SET((C)r),         \
+                 V_SET((C)c), n, head, NULL, NULL, hw, hg, nt)
+    RMS_SWITCH_BWD(opt, flags, RMS_X);
+#undef RMS_X
+}
+
+/* hasdg: 0 none, 1 accumulate into dg, 2 store (one row) */
+RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
+                             ptrdiff_t dxs, const C *w, const C *rstd, C *dg, size_t m, size_t k,
+                             const int hasw, const int hasdg, const int nt) {
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T));
+    for (size_t i = 0; i < m; i += g) {
+        size_t n = m - i < g ? m - i : g;
+        double c[RMS_GROUP];
+        for (size_t j = 0; j < n; j++)
+            c[j] = FN(reduce)(dy + (ptrdiff_t)(i + j) * dys, x + (ptrdiff_t)(i + j) * xs, w,
+                              rstd[i + j], k, hasw ? RMS_DOTW : RMS_DOT) /
+                   (double)k;
+        for (size_t j = 0; j < n; j++) {
+            const T *dyr = dy + (ptrdiff_t)(i + j) * dys, *xr = x + (ptrdiff_t)(i + j) * xs;
+            T *dxr = dx + (ptrdiff_t)(i + j) * dxs;
+            int last = i + j + d >= m;
+            const T *pdy = last ? NULL : dyr + (ptrdiff_t)d * dys,
+                    *px = last ? NULL : xr + (ptrdiff_t)d * xs;
+            V vr = V_SET(rstd[i + j]), vc = V_SET((C)c[j]);
+            size_t head = nt ? FN(stream_head)(dxr, k) : 0;
+            if (head == (size_t)-1)
+                FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vc, k, 0, pdy, px, hasw, hasdg, 0);
+            else
+                FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vc, k, head, pdy, px, hasw, hasdg, nt);
+        }
+    }
+}
+
+static void FN(bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
+                         ptrdiff_t dxs, const void *w, const void *rstd, void *dg, size_t m,
+                         size_t k, int flags) {
+    int opt = FN(bwd_opt)(w, dg, flags, flags & RMS_STREAM);
+#define RMS_X(hw, hg, nt)                                                                          \
+    FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, (const C *)w,                 \
+                 (const C *)rstd, (C *)dg, m, k, hw, hg, nt)
+    RMS_SWITCH_BWD(opt, flags, RMS_X);
+#undef RMS_X
+}
