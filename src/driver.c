@@ -28,7 +28,7 @@
 static int n_threads = 1;
 static size_t stream_bytes = (size_t)32 << 20;
 
-static size_t esize(int dtype) { return dtype == RMS_F64 ? 8 : dtype == RMS_F32 ? 4 : 2; }
+size_t rms_esize(int dtype) { return dtype == RMS_F64 ? 8 : dtype == RMS_F32 ? 4 : 2; }
 static size_t csize(int dtype) { return dtype == RMS_F64 ? 8 : 4; }
 
 static int env_threads(const char *name) {
@@ -188,7 +188,7 @@ static void fwd_rows(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, si
 
 static void fwd_team(const rms_kernels *kt, const rms_fwd_args *a, int nt, int flags) {
     share sh[RMS_MAX_THREADS];
-    size_t es = esize(a->dtype), cs = csize(a->dtype), k = a->k;
+    size_t es = rms_esize(a->dtype), cs = csize(a->dtype), k = a->k;
     int f64 = a->dtype == RMS_F64;
 #pragma omp parallel num_threads(nt)
     {
@@ -243,7 +243,7 @@ static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size
 }
 
 void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads) {
-    size_t total = a->m * a->k, es = esize(a->dtype);
+    size_t total = a->m * a->k, es = rms_esize(a->dtype);
     if (total == 0)
         return;
     int flags = a->flags;
@@ -314,7 +314,7 @@ static void reduce_columns(const rms_bwd_args *a, const char *parts, const share
 static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char *dg_rows,
                      int flags) {
     share sh[RMS_MAX_THREADS];
-    size_t es = esize(a->dtype), cs = csize(a->dtype), k = a->k;
+    size_t es = rms_esize(a->dtype), cs = csize(a->dtype), k = a->k;
     int f64 = a->dtype == RMS_F64;
 #pragma omp parallel num_threads(nt)
     {
@@ -359,7 +359,7 @@ static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char 
 
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
     size_t total = a->m * a->k, cs = csize(a->dtype);
-    int flags = streamable(a->dx, a->dxs, a->k, esize(a->dtype), total * esize(a->dtype))
+    int flags = streamable(a->dx, a->dxs, a->k, rms_esize(a->dtype), total * rms_esize(a->dtype))
                     ? RMS_STREAM
                     : 0;
     if (a->m == 1) /* one row: dgamma = dy * xhat, stored, not accumulated */
@@ -370,7 +370,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
         return 0;
     int nt = team_size(total, nthreads);
     if (nt <= 1) {
-        bwd_rows(kt, a, 0, a->m, a->dgamma, esize(a->dtype), cs, flags);
+        bwd_rows(kt, a, 0, a->m, a->dgamma, rms_esize(a->dtype), cs, flags);
         return 0;
     }
     void *dg_rows = NULL;
@@ -385,7 +385,8 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
  * row itself and is split across the team too. */
 void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, double offset,
                  size_t n, int widen, int nthreads) {
-    size_t in = widen ? esize(dtype) : csize(dtype), out = widen ? csize(dtype) : esize(dtype);
+    size_t es = rms_esize(dtype), cs = csize(dtype);
+    size_t in = widen ? es : cs, out = widen ? cs : es;
     int nt = team_size(n, nthreads);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {

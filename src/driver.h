@@ -53,6 +53,9 @@ void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, d
  * output written in 4 KiB pages costs a page fault per page, several times the kernel itself. */
 void rms_advise_huge(void *p, size_t bytes);
 
+/* Bytes per element of a storage dtype (enum rms_dtype). */
+size_t rms_esize(int dtype);
+
 void rms_threads_init(void);
 int rms_threads_get(void);
 void rms_threads_set(int n);

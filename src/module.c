@@ -855,7 +855,7 @@ static PyObject *py_triad(PyObject *self, PyObject *const *args, Py_ssize_t narg
 /* The outputs of native callers (XLA's, for the JAX adapter) are usually fresh memory: their
  * huge pages are asked for before the kernels first touch them. */
 static void advise_output(int dtype, void *p, size_t n) {
-    rms_advise_huge(p, n * (dtype == 1 ? 8 : dtype == 0 ? 4 : 2));
+    rms_advise_huge(p, n * rms_esize(dtype));
 }
 
 static void capi_forward(int dtype, const void *x, const void *w, void *y, void *rstd, size_t m,

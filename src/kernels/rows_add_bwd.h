@@ -50,8 +50,7 @@ static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const 
     int opt = FN(opts)(w, flags, FN(plan_stream)((T *)y, (T *)h, n, flags, &head));
 #define RMS_X(hw, bf, nt)                                                                          \
     FN(add_span)((const T *)x, (const T *)r, (T *)h, (T *)y, (const C *)w, V_SET((C)rs), n,        \
-                 head, NULL, NULL, hw, bf,                                                         \
-                 nt);
+                 head, NULL, NULL, hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
@@ -76,12 +75,12 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
             int last = i + j + d >= m;
             const T *px = last ? NULL : xr + (ptrdiff_t)d * xs,
                     *pr = last ? NULL : rr + (ptrdiff_t)d * rs;
-            size_t head = nt ? FN(stream_head)(yr, k) : 0;
+            size_t head;
             V vr = V_SET(rstd[i + j]);
-            if (nt && (head == (size_t)-1 || FN(stream_head)(hr, k) != head))
-                FN(add_span)(xr, rr, hr, yr, w, vr, k, 0, px, pr, hasw, before, 0);
-            else
+            if (nt && FN(plan_stream)(yr, hr, k, RMS_STREAM, &head))
                 FN(add_span)(xr, rr, hr, yr, w, vr, k, head, px, pr, hasw, before, nt);
+            else
+                FN(add_span)(xr, rr, hr, yr, w, vr, k, 0, px, pr, hasw, before, 0);
         }
     }
 }
@@ -92,8 +91,7 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
     FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, (const C *)w,         \
-                 (C *)rstd, m, k, eps, hw, bf,                                                     \
-                 nt);
+                 (C *)rstd, m, k, eps, hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
@@ -197,11 +195,11 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
             const T *pdy = last ? NULL : dyr + (ptrdiff_t)d * dys,
                     *px = last ? NULL : xr + (ptrdiff_t)d * xs;
             V vr = V_SET(rstd[i + j]), vc = V_SET((C)c[j]);
-            size_t head = nt ? FN(stream_head)(dxr, k) : 0;
-            if (head == (size_t)-1)
-                FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vc, k, 0, pdy, px, hasw, hasdg, 0);
-            else
+            size_t head;
+            if (nt && FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head))
                 FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vc, k, head, pdy, px, hasw, hasdg, nt);
+            else
+                FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vc, k, 0, pdy, px, hasw, hasdg, 0);
         }
     }
 }

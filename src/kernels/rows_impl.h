@@ -181,7 +181,7 @@ RMS_INLINE void FN(factors)(const T *a, const T *b, const C *w, V vr, size_t i, 
 
 /* Four vectors of terms from i into accumulators p..s. With V_DOT2 (a pairwise dot product of
  * 2W storage elements, e.g. VDPBF16PS) the squares of x, and of h = round(x + r) packed back
- * by V_PACK2, take two of them and leave r and s alone; the add and the plain forward pass both
+ * by V_PACK2DOT, take two of them and leave r and s alone; the add and the plain forward pass both
  * go this way, so that their sums stay bit-identical. */
 RMS_INLINE void FN(quad)(const T *a, const T *b, const C *w, V vr, size_t i, const int kind,
                          V *p, V *q, V *r, V *s) {
@@ -371,8 +371,7 @@ static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n,
     size_t head;
     int opt = FN(opts)(w, flags, FN(plan_stream)((T *)y, NULL, n, flags, &head));
 #define RMS_X(hw, bf, nt)                                                                          \
-    FN(scale_span)((const T *)x, (T *)y, (const C *)w, V_SET((C)r), n, head, NULL,                 \
-                   hw, bf, nt);
+    FN(scale_span)((const T *)x, (T *)y, (const C *)w, V_SET((C)r), n, head, NULL, hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
@@ -389,17 +388,15 @@ static inline size_t FN(group)(size_t k) {
 /* How many rows ahead the second pass prefetches (at least a group): about RMS_PF_BYTES of
  * input ahead, so that memory stays busy while the first pass of the rows between runs from
  * cache. `bytes` is one row's input (both inputs for the add and the backward). */
-#ifndef RMS_PF_BYTES
 #define RMS_PF_BYTES (64 * 1024)
-#endif
 static inline size_t FN(ahead)(size_t g, size_t bytes) {
     size_t d = (RMS_PF_BYTES + bytes - 1) / (bytes ? bytes : 1);
     return d < g ? g : d;
 }
 
 /* The row loops switch their options into constants once per call (RMS_SWITCH3), and inline
- * both passes of every row, so that the fixed cost of a short row stays small. A row whose
- * output cannot reach the streaming alignment is stored normally. */
+ * both passes of every row, so that the fixed cost of a short row stays small. A row that
+ * plan_stream cannot stream is stored normally. */
 RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const C *w, C *rstd,
                              size_t m, size_t k, double eps, const int hasw, const int before,
                              const int nt) {
@@ -415,11 +412,11 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const
             const T *xr = x + (ptrdiff_t)(i + j) * xs;
             const T *pf = i + j + d < m ? xr + (ptrdiff_t)d * xs : NULL;
             T *yr = y + (ptrdiff_t)(i + j) * ys;
-            size_t head = nt ? FN(stream_head)(yr, k) : 0;
-            if (head == (size_t)-1)
-                FN(scale_span)(xr, yr, w, V_SET(rstd[i + j]), k, 0, pf, hasw, before, 0);
-            else
+            size_t head;
+            if (nt && FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head))
                 FN(scale_span)(xr, yr, w, V_SET(rstd[i + j]), k, head, pf, hasw, before, nt);
+            else
+                FN(scale_span)(xr, yr, w, V_SET(rstd[i + j]), k, 0, pf, hasw, before, 0);
         }
     }
 }
@@ -428,8 +425,7 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
                          void *rstd, size_t m, size_t k, double eps, int flags) {
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    FN(fwd_loop)((const T *)x, xs, (T *)y, ys, (const C *)w, (C *)rstd, m, k, eps,                 \
-                 hw, bf, nt);
+    FN(fwd_loop)((const T *)x, xs, (T *)y, ys, (const C *)w, (C *)rstd, m, k, eps, hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
