@@ -966,6 +966,7 @@ def header_lines(args, peers: Peers) -> list:
         return getattr(module, "__version__", "?") if module is not None else "not loaded"
 
     all_cores = os.cpu_count() or 1
+    freed = "kept (--reuse-buffers)" if args.reuse_buffers else "unmapped (glibc default)"
     omp_env = " ".join(f"{k}={os.environ[k]}" for k in OMP_ENV if k in os.environ) or "unset"
     lines = [
         (
@@ -983,7 +984,8 @@ def header_lines(args, peers: Peers) -> list:
         ),
         (
             f"ours: {'allocating outputs' if args.alloc else 'out= preallocated'}; eps={EPS}; "
-            f"median of up to {args.reps} interleaved repetitions after warm-up"
+            f"median of up to {args.reps} interleaved repetitions after warm-up; "
+            f"large freed blocks {freed}"
         ),
         (
             "t/copy = our time / rmsnorm._core copy (fwd), triad (bwd), two copies (add) of the "
@@ -1070,6 +1072,12 @@ def parse_args(argv=None):
         action="store_true",
         help="let our calls allocate outputs instead of out= buffers",
     )
+    parser.add_argument(
+        "--reuse-buffers",
+        action="store_true",
+        help="call rmsnorm.jax.reuse_large_buffers() first: glibc then keeps freed large blocks, "
+        "so fresh XLA (and NumPy) outputs reuse faulted-in pages; process-wide, both sides",
+    )
     parser.add_argument("--csv", default="bench.csv", help="CSV path ('' to skip)")
     parser.add_argument("--png", default="bench.png", help="PNG path ('' to skip)")
     parser.add_argument(
@@ -1119,6 +1127,12 @@ def main(argv=None) -> int:
         not args.no_peers or "jax" in wants,
         want_adapters=bool(wants & {"torch", "jax"}),
     )
+    if args.reuse_buffers:
+        adapter, why = _optional("rmsnorm.jax")
+        if adapter is None:
+            print(f"error: --reuse-buffers needs rmsnorm.jax ({why})")
+            return 2
+        args.reuse_buffers = adapter.reuse_large_buffers()
     plan = make_plan(args, peers)
     for line in header_lines(args, peers):
         print(("- " if args.markdown else "# ") + line)

@@ -205,3 +205,43 @@ def test_ffi_backend_is_used_where_it_can_be_built():
     except FileNotFoundError:
         pytest.skip("no C compiler: the pure_callback backend is in use")
     assert rj.BACKEND == "ffi", rj.FFI_ERROR
+
+
+REUSE_PROBE = """
+import ctypes, numpy as np, rmsnorm.jax as rj
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+def mmapped():
+    return libc.mallinfo2().hblkhd
+big = 64 << 20
+before = mmapped(); a = np.empty(big, np.uint8); by_default = mmapped() - before; del a
+took = rj.reuse_large_buffers()
+before = mmapped(); a = np.empty(big, np.uint8); with_reuse = mmapped() - before
+print(took, by_default, with_reuse)
+"""
+
+
+def test_reuse_large_buffers_serves_large_blocks_from_the_heap():
+    """By default glibc maps a 64 MiB block on its own (fresh pages every time); after
+    reuse_large_buffers() it comes from the heap, whose freed memory stays mapped."""
+    import ctypes
+    import subprocess
+
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("not glibc >= 2.33 (no mallinfo2)")
+    out = subprocess.run(
+        [sys.executable, "-c", REUSE_PROBE], capture_output=True, text=True, check=True
+    ).stdout.split()
+    took, by_default, with_reuse = out[0], int(out[1]), int(out[2])
+    assert took == "True"
+    assert by_default >= 64 << 20
+    assert with_reuse == 0
+
+
+def test_reuse_large_buffers_rejects_a_negative_limit():
+    with pytest.raises(ValueError, match="limit"):
+        rj.reuse_large_buffers(-1)
