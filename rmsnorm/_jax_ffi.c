@@ -6,6 +6,7 @@
  * rmsnorm_ffi_backward(dy[..., k], x[..., k], w[k] or w[0], rstd[...]) -> dx[..., k], dw[k] or dw[0]
  * w and dw are in the compute type (float64 for float64 x, float32 otherwise); an empty w means
  * no weight. */
+#include <stddef.h>
 #include <stdint.h>
 
 #include "rms_capi.h"
@@ -13,7 +14,58 @@
 
 static const rms_capi *api;
 
-void rmsnorm_ffi_init(const void *capi) { api = (const rms_capi *)capi; }
+/* Returns 0, or -1 when rmsnorm._core speaks another version of the C API. */
+int rmsnorm_ffi_init(const void *capi) {
+    const rms_capi *c = (const rms_capi *)capi;
+    if (!c || c->version != RMS_CAPI_VERSION)
+        return -1;
+    api = c;
+    return 0;
+}
+
+/* XLA's CPU runtime runs independent operations at once on its own thread pool (a loss
+ * reduction beside the backward pass, say). The kernels run on that pool too, so they share
+ * its cores instead of competing with it from a second pool. */
+typedef struct {
+    const XLA_FFI_Api *api;
+    XLA_FFI_ExecutionContext *ctx;
+} xla_pool;
+
+static int xla_schedule(void *data, void (*task)(void *), void *arg) {
+    const xla_pool *p = (const xla_pool *)data;
+    XLA_FFI_ThreadPool_Schedule_Args a = {XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE, NULL,
+                                          p->ctx, task, arg};
+    XLA_FFI_Error *e = p->api->XLA_FFI_ThreadPool_Schedule(&a);
+    if (!e)
+        return 0;
+    XLA_FFI_Error_Destroy_Args d = {XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, NULL, e};
+    p->api->XLA_FFI_Error_Destroy(&d);
+    return -1;
+}
+
+#define HAS_FIELD(api, field)                                                                  \
+    ((api)->struct_size >= offsetof(XLA_FFI_Api, field) + sizeof((api)->field) && (api)->field)
+
+/* *pool describes XLA's intra-op pool, or NULL when this runtime has none to lend. */
+static const rms_pool *xla_thread_pool(XLA_FFI_CallFrame *f, xla_pool *xp, rms_pool *pool) {
+    const XLA_FFI_Api *x = f->api;
+    if (!HAS_FIELD(x, XLA_FFI_ThreadPool_NumThreads) || !HAS_FIELD(x, XLA_FFI_ThreadPool_Schedule))
+        return NULL;
+    int64_t n = 0;
+    XLA_FFI_ThreadPool_NumThreads_Args a = {XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE, NULL,
+                                            f->ctx, &n};
+    XLA_FFI_Error *e = x->XLA_FFI_ThreadPool_NumThreads(&a);
+    if (e) {
+        XLA_FFI_Error_Destroy_Args d = {XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, NULL, e};
+        x->XLA_FFI_Error_Destroy(&d);
+        return NULL;
+    }
+    if (n < 1)
+        return NULL;
+    *xp = (xla_pool){x, f->ctx};
+    *pool = (rms_pool){n > 256 ? 256 : (int)n, xla_schedule, xp};
+    return pool;
+}
 
 static XLA_FFI_Error *error(const XLA_FFI_CallFrame *f, const char *message) {
     XLA_FFI_Error_Create_Args a = {XLA_FFI_Error_Create_Args_STRUCT_SIZE, NULL, message,
@@ -74,8 +126,10 @@ XLA_FFI_Error *rmsnorm_ffi_forward(XLA_FFI_CallFrame *f) {
     size_t k = (size_t)x->dims[x->rank - 1], n = elements(x);
     if (k == 0 || (elements(w) != 0 && elements(w) != k))
         return error(f, "rmsnorm_ffi_forward: weight does not match the last axis of x");
+    xla_pool xp;
+    rms_pool pool;
     api->forward(code, x->data, elements(w) ? w->data : NULL, y->data, rstd->data, n / k, k,
-                 *(double *)eps->value);
+                 *(double *)eps->value, xla_thread_pool(f, &xp, &pool));
     return NULL;
 }
 
@@ -93,8 +147,10 @@ XLA_FFI_Error *rmsnorm_ffi_backward(XLA_FFI_CallFrame *f) {
     if (k == 0 || (elements(w) != 0 && elements(w) != k) || elements(dw) != elements(w))
         return error(f, "rmsnorm_ffi_backward: weight does not match the last axis of x");
     int has_w = elements(w) != 0;
+    xla_pool xp;
+    rms_pool pool;
     if (api->backward(code, dy->data, x->data, has_w ? w->data : NULL, rstd->data, dx->data,
-                      has_w ? dw->data : NULL, n / k, k) < 0)
+                      has_w ? dw->data : NULL, n / k, k, xla_thread_pool(f, &xp, &pool)) < 0)
         return error(f, "rmsnorm_ffi_backward: out of memory");
     return NULL;
 }

@@ -281,7 +281,9 @@ def _build_ffi():
     get_pointer.restype = ctypes.c_void_p
     get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
     lib.rmsnorm_ffi_init.argtypes = [ctypes.c_void_p]
-    lib.rmsnorm_ffi_init(get_pointer(_rmsnorm._core._c_api, b"rmsnorm._core._c_api"))
+    lib.rmsnorm_ffi_init.restype = ctypes.c_int
+    if lib.rmsnorm_ffi_init(get_pointer(_rmsnorm._core._c_api, b"rmsnorm._core._c_api")) != 0:
+        raise RuntimeError("rmsnorm._core speaks another version of the C API than _jax_ffi.c")
     for name in ("forward", "backward"):
         handler = getattr(lib, f"rmsnorm_ffi_{name}")
         jax.ffi.register_ffi_target(f"rmsnorm_{name}", jax.ffi.pycapsule(handler), platform="cpu")
@@ -319,6 +321,7 @@ BACKEND = _choose_backend()
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 
 def reuse_large_buffers(limit=2**31 - 1):
@@ -329,11 +332,14 @@ def reuse_large_buffers(limit=2**31 - 1):
     kernel's zeroing of every page: for a 4096x4096 float32 forward that is several times the
     time of the kernel itself. This asks glibc to serve blocks up to ``limit`` bytes from its
     heap and to keep freed memory mapped, so the next call's buffers reuse pages already
-    faulted in. It affects the whole process: its resident memory stays near its peak. The
-    environment variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` do the same
-    from process start.
+    faulted in. XLA allocates from its worker threads, and glibc's per-thread heaps cannot
+    hold a block of 64 MiB or more, so this also makes threads created from now on share the
+    main heap (one malloc arena). It affects the whole process: its resident memory stays
+    near its peak, and threads that allocate at once take turns on one heap lock. The
+    environment variables ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` and
+    ``MALLOC_ARENA_MAX=1`` do the same from process start.
 
-    Returns True when glibc took both settings, False where there is no glibc ``mallopt``.
+    Returns True when glibc took every setting, False where there is no glibc ``mallopt``.
     """
     limit = int(limit)
     if limit < 0:
@@ -346,4 +352,5 @@ def reuse_large_buffers(limit=2**31 - 1):
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     limit = min(limit, 2**31 - 1)
-    return bool(mallopt(_M_MMAP_THRESHOLD, limit)) and bool(mallopt(_M_TRIM_THRESHOLD, limit))
+    settings = ((_M_MMAP_THRESHOLD, limit), (_M_TRIM_THRESHOLD, limit), (_M_ARENA_MAX, 1))
+    return all([bool(mallopt(option, value)) for option, value in settings])

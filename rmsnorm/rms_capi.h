@@ -7,15 +7,27 @@
 
 #include <stddef.h>
 
-#define RMS_CAPI_VERSION 1
+#define RMS_CAPI_VERSION 2
 
+/* A caller's thread pool (XLA's, say) for the kernels to run on instead of their own OpenMP
+ * threads, so that two pools never compete for the same cores. schedule(ctx, task, data) runs
+ * task(data) once, later, on one of up to nthreads threads, and returns 0; or returns nonzero
+ * when it cannot. Tasks need not run in parallel, nor start before the call returns: work that
+ * no task has taken is done by the calling thread. */
+typedef struct {
+    int nthreads;
+    int (*schedule)(void *ctx, void (*task)(void *), void *data);
+    void *ctx;
+} rms_pool;
+
+/* pool: NULL for rmsnorm's own threads. */
 typedef struct {
     int version;
     void (*forward)(int dtype, const void *x, const void *w, void *y, void *rstd, size_t m,
-                    size_t k, double eps);
+                    size_t k, double eps, const rms_pool *pool);
     /* Returns 0, or -1 when the per-thread dgamma rows could not be allocated. */
     int (*backward)(int dtype, const void *dy, const void *x, const void *w, const void *rstd,
-                    void *dx, void *dgamma, size_t m, size_t k);
+                    void *dx, void *dgamma, size_t m, size_t k, const rms_pool *pool);
 } rms_capi;
 
 #endif

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -107,6 +108,24 @@ static int thread_id(void) {
 #endif
 }
 
+/* The team's real size: OpenMP may give fewer threads than asked (nested in another parallel
+ * region, OMP_THREAD_LIMIT), and the work is split among those it gives. */
+static int team_threads(void) {
+#if defined(_OPENMP)
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+static inline void rms_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* [*lo, *hi): thread t's contiguous share of n items, boundaries rounded down to multiples of
  * `align` (a power of two) so that threads stay off each other's cache lines. */
 static void chunk(size_t n, int t, int nt, size_t align, size_t *lo, size_t *hi) {
@@ -159,6 +178,90 @@ static double row_sum(const share *sh, int nt, size_t row) {
     return s;
 }
 
+/* ---------------------------------------------------------------- teams
+ * A team runs phase_fn(job, t, nt, phase) for every member t < nt, phase by phase: every
+ * member finishes a phase before any starts the next. On OpenMP the team is one parallel
+ * region with a barrier between phases. On a caller's pool (rms_pool) each phase is a
+ * fork-join: the members are claimed one at a time by whichever thread comes first, the caller
+ * included, so the work finishes even when the pool runs nothing in parallel. */
+typedef void (*phase_fn)(void *job, int t, int nt, int phase);
+
+static int pool_threads(const rms_pool *pool, int nthreads) {
+    return pool->nthreads < nthreads ? pool->nthreads : nthreads;
+}
+
+/* One phase on a pool. The scheduled tasks own a reference each, so one that starts after the
+ * phase is over (nothing left to claim) still finds its job alive; the last reference frees it. */
+typedef struct {
+    int refs, next, done, nt, phase;
+    phase_fn fn;
+    void *job;
+} pool_phase;
+
+static void pool_claim(pool_phase *p) {
+    int t;
+    while ((t = __atomic_fetch_add(&p->next, 1, __ATOMIC_ACQ_REL)) < p->nt) {
+        p->fn(p->job, t, p->nt, p->phase);
+        __atomic_fetch_add(&p->done, 1, __ATOMIC_RELEASE);
+    }
+}
+
+static void pool_release(pool_phase *p) {
+    if (__atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        free(p);
+}
+
+static void pool_task(void *data) {
+    pool_claim(data);
+    pool_release(data);
+}
+
+/* Returns 0, or -1 when the phase could not be allocated (nothing run). */
+static int pool_run(const rms_pool *pool, int nt, int phase, phase_fn fn, void *job) {
+    pool_phase *p = malloc(sizeof *p);
+    if (!p)
+        return -1;
+    *p = (pool_phase){nt, 0, 0, nt, phase, fn, job};
+    for (int i = 1; i < nt; i++)
+        if (pool->schedule(pool->ctx, pool_task, p) != 0)
+            pool_release(p); /* not scheduled: its share is claimed by someone else */
+    pool_claim(p);
+    for (unsigned spins = 0; __atomic_load_n(&p->done, __ATOMIC_ACQUIRE) < nt; spins++) {
+        if (spins < 4096)
+            rms_relax();
+        else
+            sched_yield(); /* a member was claimed by a thread that is not running now */
+    }
+    pool_release(p);
+    return 0;
+}
+
+static void run_team(int nt, int phases, phase_fn fn, void *job, const rms_pool *pool) {
+    if (pool) {
+        int phase = 0;
+        while (phase < phases && pool_run(pool, nt, phase, fn, job) == 0)
+            phase++;
+        if (phase == phases)
+            return;
+        if (phase > 0) { /* out of memory mid-way: finish on the calling thread */
+            for (; phase < phases; phase++)
+                for (int t = 0; t < nt; t++)
+                    fn(job, t, nt, phase);
+            return;
+        }
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int t = thread_id(), n = team_threads();
+        for (int phase = 0; phase < phases; phase++) {
+            if (phase > 0) {
+#pragma omp barrier
+            }
+            fn(job, t, n, phase);
+        }
+    }
+}
+
 #define AT(p, row, stride, col, es)                                                            \
     ((char *)(p) + ((ptrdiff_t)(row) * (stride) + (ptrdiff_t)(col)) * (ptrdiff_t)(es))
 
@@ -186,49 +289,58 @@ static void fwd_rows(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, si
         kt->fwd_rows(x, a->xs, y, a->ys, a->w, rstd, r1 - r0, a->k, a->eps, flags);
 }
 
-static void fwd_team(const rms_kernels *kt, const rms_fwd_args *a, int nt, int flags) {
+typedef struct {
+    const rms_kernels *kt;
+    const rms_fwd_args *a;
+    int flags;
     share sh[RMS_MAX_THREADS];
+} fwd_job;
+
+/* Phase 0: the partial rows' sums, then the whole rows. Phase 1: the partial rows, scaled by
+ * the rstd that their sharers' sums give. */
+static void fwd_phase(void *job, int t, int nt, int phase) {
+    fwd_job *j = job;
+    const rms_kernels *kt = j->kt;
+    const rms_fwd_args *a = j->a;
     size_t es = rms_esize(a->dtype), cs = csize(a->dtype), k = a->k;
     int f64 = a->dtype == RMS_F64;
-#pragma omp parallel num_threads(nt)
-    {
-        int t = thread_id();
+    if (phase == 0) {
         share s = split(a->m * k, k, t, nt);
-        for (int j = 0; j < 2; j++) {
-            piece *p = &s.p[j];
+        for (int i = 0; i < 2; i++) {
+            piece *p = &s.p[i];
             if (p->row == RMS_NONE)
                 continue;
             const char *x = AT(a->x, p->row, a->xs, p->c0, es);
             p->s = a->r ? kt->add_sumsq(x, AT(a->r, p->row, a->rs, p->c0, es), p->c1 - p->c0)
                         : kt->sumsq(x, p->c1 - p->c0);
         }
-        sh[t] = s;
-        fwd_rows(kt, a, s.r0, s.r1, flags, es, cs);
-#pragma omp barrier
-        for (int j = 0; j < 2; j++) {
-            const piece *p = &s.p[j];
-            if (p->row == RMS_NONE)
-                continue;
-            const char *x = AT(a->x, p->row, a->xs, p->c0, es);
-            const char *res = a->r ? AT(a->r, p->row, a->rs, p->c0, es) : NULL;
-            double ss = row_sum(sh, nt, p->row), r;
-            if (rms_sumsq_ok(ss, f64))
-                r = 1.0 / sqrt(ss / (double)k + a->eps);
-            else
-                r = kt->rescue(AT(a->x, p->row, a->xs, 0, es),
-                               a->r ? AT(a->r, p->row, a->rs, 0, es) : NULL, k, a->eps);
-            if (!f64)
-                r = (double)(float)r; /* scale with the rstd that is stored */
-            if (p->c0 == 0) /* exactly one sharer holds the start of the row */
-                store_c(a->rstd, p->row, r, f64);
-            const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
-            char *y = AT(a->y, p->row, a->ys, p->c0, es);
-            if (res)
-                kt->add_scale(x, res, AT(a->h, p->row, a->hs, p->c0, es), y, w, r, p->c1 - p->c0,
-                              flags);
-            else
-                kt->scale(x, y, w, r, p->c1 - p->c0, flags);
-        }
+        j->sh[t] = s;
+        fwd_rows(kt, a, s.r0, s.r1, j->flags, es, cs);
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        const piece *p = &j->sh[t].p[i];
+        if (p->row == RMS_NONE)
+            continue;
+        const char *x = AT(a->x, p->row, a->xs, p->c0, es);
+        const char *res = a->r ? AT(a->r, p->row, a->rs, p->c0, es) : NULL;
+        double ss = row_sum(j->sh, nt, p->row), r;
+        if (rms_sumsq_ok(ss, f64))
+            r = 1.0 / sqrt(ss / (double)k + a->eps);
+        else
+            r = kt->rescue(AT(a->x, p->row, a->xs, 0, es),
+                           a->r ? AT(a->r, p->row, a->rs, 0, es) : NULL, k, a->eps);
+        if (!f64)
+            r = (double)(float)r; /* scale with the rstd that is stored */
+        if (p->c0 == 0) /* exactly one sharer holds the start of the row */
+            store_c(a->rstd, p->row, r, f64);
+        const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
+        char *y = AT(a->y, p->row, a->ys, p->c0, es);
+        if (res)
+            kt->add_scale(x, res, AT(a->h, p->row, a->hs, p->c0, es), y, w, r, p->c1 - p->c0,
+                          j->flags);
+        else
+            kt->scale(x, y, w, r, p->c1 - p->c0, j->flags);
     }
 }
 
@@ -242,7 +354,8 @@ static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size
     return lines || k * es >= 8192;
 }
 
-void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads) {
+void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
+                 const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
     if (total == 0)
         return;
@@ -251,11 +364,13 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads) {
     if (streamable(a->y, a->ys, a->k, es, bytes) &&
         (!a->r || streamable(a->h, a->hs, a->k, es, bytes)))
         flags |= RMS_STREAM;
-    int nt = team_size(total, nthreads);
-    if (nt <= 1)
+    int nt = team_size(total, pool ? pool_threads(pool, nthreads) : nthreads);
+    if (nt <= 1) {
         fwd_rows(kt, a, 0, a->m, flags, es, csize(a->dtype));
-    else
-        fwd_team(kt, a, nt, flags);
+        return;
+    }
+    fwd_job j = {kt, a, flags, {{0}}};
+    run_team(nt, 2, fwd_phase, &j, pool);
 }
 
 /* Backward. Each thread accumulates dgamma into its own row of a [threads x k] buffer over the
@@ -309,55 +424,62 @@ static void reduce_columns(const rms_bwd_args *a, const char *parts, const share
     }
 }
 
-/* dg_rows: the [threads x k] partial rows, or NULL when dgamma is written directly (no
- * weight, or a single row, whose columns each thread owns). */
-static void bwd_team(const rms_kernels *kt, const rms_bwd_args *a, int nt, char *dg_rows,
-                     int flags) {
+typedef struct {
+    const rms_kernels *kt;
+    const rms_bwd_args *a;
+    char *dg_rows; /* the [threads x k] partial dgamma rows, or NULL when dgamma is written
+                    * directly (no weight, or a single row, whose columns each thread owns) */
+    int flags;
     share sh[RMS_MAX_THREADS];
+} bwd_job;
+
+/* Phase 0: the partial rows' dot products, then the whole rows. Phase 1: the partial rows.
+ * Phase 2 (with dg_rows): dgamma, summed column-parallel in thread order. */
+static void bwd_phase(void *job, int t, int nt, int phase) {
+    bwd_job *j = job;
+    const rms_kernels *kt = j->kt;
+    const rms_bwd_args *a = j->a;
     size_t es = rms_esize(a->dtype), cs = csize(a->dtype), k = a->k;
     int f64 = a->dtype == RMS_F64;
-#pragma omp parallel num_threads(nt)
-    {
-        int t = thread_id();
+    char *dg = j->dg_rows ? j->dg_rows + (size_t)t * dg_pitch(k, cs) : (char *)a->dgamma;
+    if (phase == 0) {
         share s = split(a->m * k, k, t, nt);
-        char *dg = dg_rows ? dg_rows + (size_t)t * dg_pitch(k, cs) : (char *)a->dgamma;
-        if (dg_rows) {
+        if (j->dg_rows) {
             size_t lo, hi;
             touched(&s, k, &lo, &hi);
             if (hi > lo)
                 memset(dg + lo * cs, 0, (hi - lo) * cs);
         }
-        for (int j = 0; j < 2; j++) {
-            piece *p = &s.p[j];
+        for (int i = 0; i < 2; i++) {
+            piece *p = &s.p[i];
             if (p->row == RMS_NONE)
                 continue;
             const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
             p->s = kt->dot(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es),
                            w, load_c(a->rstd, p->row, f64), p->c1 - p->c0);
         }
-        sh[t] = s;
-        bwd_rows(kt, a, s.r0, s.r1, dg, es, cs, flags);
-#pragma omp barrier
-        for (int j = 0; j < 2; j++) {
-            const piece *p = &s.p[j];
+        j->sh[t] = s;
+        bwd_rows(kt, a, s.r0, s.r1, dg, es, cs, j->flags);
+    } else if (phase == 1) {
+        for (int i = 0; i < 2; i++) {
+            const piece *p = &j->sh[t].p[i];
             if (p->row == RMS_NONE)
                 continue;
             double r = load_c(a->rstd, p->row, f64);
-            double c = row_sum(sh, nt, p->row) / (double)k;
+            double c = row_sum(j->sh, nt, p->row) / (double)k;
             const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
             kt->bwd(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es), w,
                     AT(a->dx, p->row, a->dxs, p->c0, es), r, c, dg ? dg + p->c0 * cs : NULL,
-                    p->c1 - p->c0, flags);
+                    p->c1 - p->c0, j->flags);
         }
-        if (dg_rows) {
-#pragma omp barrier
-            reduce_columns(a, dg_rows, sh, nt, k * (size_t)t / (size_t)nt,
-                           k * (size_t)(t + 1) / (size_t)nt);
-        }
+    } else {
+        reduce_columns(a, j->dg_rows, j->sh, nt, k * (size_t)t / (size_t)nt,
+                       k * (size_t)(t + 1) / (size_t)nt);
     }
 }
 
-int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
+int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
+                 const rms_pool *pool) {
     size_t total = a->m * a->k, cs = csize(a->dtype);
     int flags = streamable(a->dx, a->dxs, a->k, rms_esize(a->dtype), total * rms_esize(a->dtype))
                     ? RMS_STREAM
@@ -368,7 +490,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
         memset(a->dgamma, 0, a->k * cs);
     if (total == 0)
         return 0;
-    int nt = team_size(total, nthreads);
+    int nt = team_size(total, pool ? pool_threads(pool, nthreads) : nthreads);
     if (nt <= 1) {
         bwd_rows(kt, a, 0, a->m, a->dgamma, rms_esize(a->dtype), cs, flags);
         return 0;
@@ -376,7 +498,8 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads) {
     void *dg_rows = NULL;
     if (a->dgamma && a->m > 1 && posix_memalign(&dg_rows, 128, (size_t)nt * dg_pitch(a->k, cs)))
         return -1;
-    bwd_team(kt, a, nt, (char *)dg_rows, flags);
+    bwd_job j = {kt, a, (char *)dg_rows, flags, {{0}}};
+    run_team(nt, dg_rows ? 3 : 2, bwd_phase, &j, pool);
     free(dg_rows);
     return 0;
 }
@@ -390,9 +513,9 @@ void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, d
     int nt = team_size(n, nthreads);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        int t = thread_id();
+        int t = thread_id(), team = team_threads();
         size_t i0, i1;
-        chunk(n, t, nt, 64, &i0, &i1);
+        chunk(n, t, team, 64, &i0, &i1);
         const char *s = (const char *)src + i0 * in;
         char *o = (char *)dst + i0 * out;
         if (i1 > i0 && widen)
@@ -407,9 +530,9 @@ void rms_ref_copy(void *dst, const void *src, size_t bytes, int nthreads) {
     int nt = team_size(bytes / 4, nthreads), stream = bytes >= stream_bytes;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        int t = thread_id();
+        int t = thread_id(), team = team_threads();
         size_t b0, b1;
-        chunk(bytes, t, nt, 64, &b0, &b1);
+        chunk(bytes, t, team, 64, &b0, &b1);
         if (b1 > b0)
             rms_copy_span((char *)dst + b0, (const char *)src + b0, b1 - b0, stream);
     }
@@ -420,9 +543,9 @@ void rms_ref_triad(void *dst, const void *a, const void *b, size_t n, int f64, i
     int nt = team_size(n, nthreads), stream = n * es >= stream_bytes;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        int t = thread_id();
+        int t = thread_id(), team = team_threads();
         size_t i0, i1;
-        chunk(n, t, nt, 16, &i0, &i1);
+        chunk(n, t, team, 16, &i0, &i1);
         if (i1 > i0)
             rms_triad_span((char *)dst + i0 * es, (const char *)a + i0 * es,
                            (const char *)b + i0 * es, i1 - i0, f64, stream);

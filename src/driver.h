@@ -3,6 +3,7 @@
 #ifndef RMSNORM_DRIVER_H
 #define RMSNORM_DRIVER_H
 
+#include "../rmsnorm/rms_capi.h"
 #include "kernels/kernels.h"
 
 /* Forward (and residual add when r != NULL). Strides are in elements; w, rstd are in the
@@ -38,9 +39,12 @@ typedef struct {
     void *dgamma;
 } rms_bwd_args;
 
-void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads);
+/* pool: run the team on the caller's thread pool (see rms_pool) instead of OpenMP, or NULL. */
+void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
+                 const rms_pool *pool);
 /* Returns 0, or -1 when the per-thread dgamma rows could not be allocated (nothing written). */
-int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads);
+int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
+                 const rms_pool *pool);
 
 /* Weights: dst = offset + src (widen: storage -> compute type of `dtype`), or dst = round(src)
  * (narrow: compute -> storage type), split across threads when long. */

@@ -571,7 +571,7 @@ static PyObject *forward(const char *fn, PyObject *xo, PyObject *ro, PyObject *g
     const rms_kernels *kt = &rms_isa_current()->k[code];
     int nthreads = rms_threads_get();
     Py_BEGIN_ALLOW_THREADS
-    rms_forward(kt, &a, nthreads);
+    rms_forward(kt, &a, nthreads, NULL);
     Py_END_ALLOW_THREADS
 
     if (!(yret = close_out(&y)) || (r && !(hret = close_out(&h))))
@@ -679,7 +679,7 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     const rms_kernels *kt = &rms_isa_current()->k[code];
     int nthreads = rms_threads_get(), rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = rms_backward(kt, &a, nthreads);
+    rc = rms_backward(kt, &a, nthreads, NULL);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         PyErr_NoMemory();
@@ -859,19 +859,20 @@ static void advise_output(int dtype, void *p, size_t n) {
 }
 
 static void capi_forward(int dtype, const void *x, const void *w, void *y, void *rstd, size_t m,
-                         size_t k, double eps) {
+                         size_t k, double eps, const rms_pool *pool) {
     rms_fwd_args a = {dtype, 0,    m, k,         x,    (ptrdiff_t)k, NULL, 0,
                       NULL,  0,    y, (ptrdiff_t)k, w, rstd,         eps};
     advise_output(dtype, y, m * k);
-    rms_forward(&rms_isa_current()->k[dtype], &a, rms_threads_get());
+    rms_forward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
 }
 
 static int capi_backward(int dtype, const void *dy, const void *x, const void *w,
-                         const void *rstd, void *dx, void *dgamma, size_t m, size_t k) {
+                         const void *rstd, void *dx, void *dgamma, size_t m, size_t k,
+                         const rms_pool *pool) {
     rms_bwd_args a = {dtype,        m,  k,            dy, (ptrdiff_t)k, x, (ptrdiff_t)k,
                       dx,           (ptrdiff_t)k, w, rstd, dgamma};
     advise_output(dtype, dx, m * k);
-    return rms_backward(&rms_isa_current()->k[dtype], &a, rms_threads_get());
+    return rms_backward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
 }
 
 static const rms_capi c_api = {RMS_CAPI_VERSION, capi_forward, capi_backward};

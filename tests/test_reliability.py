@@ -266,6 +266,39 @@ def test_threads_results_match_single_thread(rng):
         np.testing.assert_allclose(y, y1, rtol=0, atol=4e-6 * np.abs(y1).max())
 
 
+THREAD_LIMIT_PROBE = """
+import numpy as np, rmsnorm
+rng = np.random.default_rng(0)
+x = rng.standard_normal((3, 200003)).astype(np.float32)
+g = rng.uniform(0.5, 1.5, 200003).astype(np.float32)
+dy = rng.standard_normal(x.shape).astype(np.float32)
+y, rstd = rmsnorm.rms_norm(x, g)
+dx, dg = rmsnorm.rms_norm_backward(dy, x, g, rstd)
+np.savez(__import__("sys").argv[1], y=y, rstd=rstd, dx=dx, dg=dg)
+"""
+
+
+def test_fewer_threads_than_asked_still_do_all_the_work(tmp_path):
+    """OpenMP may give a team fewer threads than asked (OMP_THREAD_LIMIT, or a call from inside
+    another parallel region): the work is split among the threads it gives, none is lost."""
+    import subprocess
+
+    env = dict(os.environ, RMSNORM_NUM_THREADS="4", OMP_THREAD_LIMIT="1")
+    path = tmp_path / "out.npz"
+    subprocess.run([sys.executable, "-c", THREAD_LIMIT_PROBE, str(path)], env=env, check=True)
+    got = np.load(path)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 200003)).astype(np.float32)
+    g = rng.uniform(0.5, 1.5, 200003).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    y64, _, r64, _ = oracle.forward(x, g)
+    oracle.assert_rstd_close(got["rstd"], r64, F32)
+    oracle.assert_y_close(got["y"], y64, 1, F32)
+    dx64, dg64, scale, dg_abs = oracle.backward(dy, x, g)
+    oracle.assert_dx_close(got["dx"], dx64, scale, F32)
+    oracle.assert_dgamma_close(got["dg"], dg64, dg_abs, F32, F32)
+
+
 # ---------------------------------------------------------------------------------------
 # leaks
 
