@@ -59,7 +59,7 @@ DTYPES = {
     "fp16": np.dtype(np.float16),
 }
 CORE_OPS = ("fwd", "bwd", "add")
-ADAPTER_OPS = ("torch.fwd", "torch.fwd+bwd", "jax.fwd", "jax.vg")
+ADAPTER_OPS = ("torch.fwd", "torch.fwd+bwd", "jax.fwd", "jax.fwd+bwd", "jax.vg")
 # Arrays of x's size that each op must read or write once (rstd and gamma are negligible).
 ARRAYS_MOVED = {
     "fwd": 2,
@@ -68,6 +68,7 @@ ARRAYS_MOVED = {
     "torch.fwd": 2,
     "torch.fwd+bwd": 5,
     "jax.fwd": 2,
+    "jax.fwd+bwd": 5,
     "jax.vg": 5,
 }
 # The roofline call moving those same bytes: copy = 2 arrays, triad = 3.
@@ -78,6 +79,7 @@ ROOFLINE = {
     "torch.fwd": ("copy",),
     "torch.fwd+bwd": ("copy", "triad"),
     "jax.fwd": ("copy",),
+    "jax.fwd+bwd": ("copy", "triad"),
     "jax.vg": ("copy", "triad"),
 }
 # Interleaving order of one repetition; "unfused" is np.add followed by rms_norm (op add).
@@ -281,6 +283,7 @@ def build_contenders(op: str, w: Workload, peers: Peers, args) -> dict:
         "torch.fwd": _torch_adapter_fwd,
         "torch.fwd+bwd": _torch_adapter_fwd_bwd,
         "jax.fwd": _jax_adapter_fwd,
+        "jax.fwd+bwd": _jax_adapter_fwd_bwd,
         "jax.vg": _jax_adapter_vg,
     }
     if args.no_peers and op in CORE_OPS:
@@ -456,6 +459,30 @@ def _jax_adapter_fwd(w: Workload, peers: Peers, alloc: bool) -> dict:
     return {
         "ours": lambda: jax.block_until_ready(ours(xj, gj)),
         "jax": lambda: peer(xj, gj).block_until_ready(),
+    }
+
+
+def _jax_vjp(jax, forward):
+    """(x, gamma, dy) -> (y, (dx, dgamma)): the forward and the backward with upstream dy, as
+    torch.autograd.grad does it (no loss reduction)."""
+
+    def fwd_bwd(x, gamma, dy):
+        y, backward = jax.vjp(forward, x, gamma)
+        return y, backward(dy)
+
+    return fwd_bwd
+
+
+def _jax_adapter_fwd_bwd(w: Workload, peers: Peers, alloc: bool) -> dict:
+    jax = peers.jax
+    adapter = peers.jax_adapter.rms_norm
+    xj, gj, dyj = (jax.numpy.asarray(a) for a in (w.x, w.gamma, w.random()))
+    ours = _jit_or_plain(jax, _jax_vjp(jax, lambda x, g: _first(adapter(x, g))), xj[:1], gj,
+                         dyj[:1])
+    peer = jax.jit(_jax_vjp(jax, jax_formula(jax)))
+    return {
+        "ours": lambda: jax.block_until_ready(ours(xj, gj, dyj)),
+        "jax": lambda: jax.block_until_ready(peer(xj, gj, dyj)),
     }
 
 
@@ -1048,7 +1075,7 @@ def parse_args(argv=None):
         "--ops",
         default=",".join(CORE_OPS + ADAPTER_OPS),
         help="comma list of fwd,bwd,add and the adapter rows torch.fwd,"
-        "torch.fwd+bwd,jax.fwd,jax.vg (adapters run when importable)",
+        "torch.fwd+bwd,jax.fwd,jax.fwd+bwd,jax.vg (adapters run when importable)",
     )
     parser.add_argument(
         "--reps",
