@@ -52,6 +52,35 @@ def test_nonfinite_row_isolation(dtype, bad, where, isa_threads, rng):
     assert np.all(np.isfinite(oracle.as_f64(yr[good])))
 
 
+@pytest.mark.parametrize("k", (8, 64, 320))
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_short_rows_with_odd_rows_in_several_groups(dtype, k, each_isa, rng):
+    """Short rows run in pipelined groups (the next group's sums are taken between this group's
+    rows): rows that take the slow path (zero, NaN, squares that underflow) in several groups,
+    and a row count that leaves a partial group at the end."""
+    m = 8 * 5 + 3
+    x = oracle.make_x(rng, (m, k), dtype)
+    tiny = 1e-150 if np.dtype(dtype) == F64 else 1e-16
+    if np.dtype(dtype) == F16:
+        tiny = 1e-7  # a float16 subnormal
+    x[3] = 0
+    x[11, k // 2] = np.nan
+    x[20] = oracle.round_to(np.full(k, tiny), dtype)
+    x[m - 1] = 0
+    gamma = oracle.make_gamma(rng, (k,), dtype)
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    y64, _, r64, _ = oracle.forward(x, gamma)
+    oracle.assert_y_close(y, y64, 1, dtype)
+    oracle.assert_rstd_close(rstd, r64, dtype)
+    res = oracle.make_x(rng, (m, k), dtype)
+    res[[3, 20, m - 1]] = 0
+    yr, rr, h = rmsnorm.add_rms_norm(x, res, gamma)
+    h64, y64, _, r64, _ = oracle.add_rms_norm(x, res, gamma)
+    assert oracle.bits_equal(h, oracle.round_to(h64, dtype))
+    oracle.assert_y_close(yr, y64, 1, dtype)
+    oracle.assert_rstd_close(rr, r64, dtype)
+
+
 # ---------------------------------------------------------------------------------------
 # zero rows
 
