@@ -176,6 +176,14 @@ def torch_view(torch, a: np.ndarray):
     return torch.from_numpy(a)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as taskset sets it), else all."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def jax_formula(jax):
     """The plain jnp RMSNorm a JAX user writes (float32 math, y rounded to x's dtype)."""
     jnp = jax.numpy
@@ -647,7 +655,7 @@ def make_plan(args, peers: Peers) -> list:
 
 def _variants(op: str, shape: tuple, args, peers: Peers) -> list:
     """(threads, isa) pairs for one op: adapters at the best ISA, JAX at all cores only."""
-    all_cores = os.cpu_count() or 1
+    all_cores = usable_cpus()
     if op.startswith("jax."):
         threads = [all_cores] if peers.jax_adapter is not None else []
     elif op.startswith("torch."):
@@ -674,7 +682,7 @@ def run_group(group: Group, workload: Workload, peers: Peers, args, known_slow: 
                 note=f"error: {type(exc).__name__}: {exc}",
             )
         return
-    all_cores = os.cpu_count() or 1
+    all_cores = usable_cpus()
     slow = known_slow.setdefault((group.op, group.shape, group.dtype), set())
     for threads, isa in group.variants:
         if peers.torch is not None:
@@ -992,7 +1000,7 @@ def header_lines(args, peers: Peers) -> list:
         module = sys.modules.get(name)
         return getattr(module, "__version__", "?") if module is not None else "not loaded"
 
-    all_cores = os.cpu_count() or 1
+    all_cores = usable_cpus()
     freed = "kept (--reuse-buffers)" if args.reuse_buffers else "unmapped (glibc default)"
     omp_env = " ".join(f"{k}={os.environ[k]}" for k in OMP_ENV if k in os.environ) or "unset"
     lines = [
@@ -1037,7 +1045,7 @@ def _shape_arg(text: str) -> tuple:
 
 def default_threads() -> list:
     """1, 2, 4, ... below the core count, then the core count."""
-    cores, counts, n = os.cpu_count() or 1, [], 1
+    cores, counts, n = usable_cpus(), [], 1
     while n < cores:
         counts.append(n)
         n *= 2
@@ -1119,7 +1127,7 @@ def parse_args(argv=None):
 
 def _resolve(parser, args):
     """Fill the defaults that depend on --quick and validate the lists."""
-    cores = os.cpu_count() or 1
+    cores = usable_cpus()
     if args.quick:
         args.shapes = args.shapes or ",".join(map(shape_text, QUICK_SHAPES))
         args.dtypes = "fp32,bf16" if args.dtypes == "fp32,bf16,fp16" else args.dtypes
