@@ -38,7 +38,7 @@ _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64
 
 def _check_tensor(tensor, name):
     """Reject tensors the CPU kernels cannot read in place (other devices, other dtypes)."""
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise ValueError(
             f"rmsnorm.torch runs on CPU tensors only; {name} is on device '{tensor.device}'"
         )
@@ -53,7 +53,8 @@ def _to_numpy(tensor):
     """Zero-copy NumPy view of a CPU tensor (None passes through)."""
     if tensor is None:
         return None
-    tensor = tensor.detach()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
         # NumPy has no native bfloat16: reinterpret the same bytes as ml_dtypes.bfloat16.
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
@@ -70,6 +71,23 @@ def _from_numpy(array):
     return torch.from_numpy(array)
 
 
+def _forward(x, weight, eps, offset):
+    """(y, rstd) as NumPy arrays, after the device and dtype checks."""
+    _check_tensor(x, "x")
+    if weight is not None:
+        _check_tensor(weight, "weight")
+    return _rmsnorm.rms_norm(_to_numpy(x), _to_numpy(weight), eps, offset=offset)
+
+
+def _apply(x, weight, eps, offset):
+    """RMSNormFunction.apply, or the kernel alone when no gradient can flow (inference, no_grad):
+    the autograd machinery costs several times a small call (1 x 4096) of the kernel itself."""
+    grad = x.requires_grad or (weight is not None and weight.requires_grad)
+    if grad and torch.is_grad_enabled():
+        return RMSNormFunction.apply(x, weight, eps, offset)
+    return _from_numpy(_forward(x, weight, eps, offset)[0])
+
+
 class RMSNormFunction(torch.autograd.Function):
     """Autograd Function for ``y = x * rstd * (offset + weight)`` over weight's trailing axes.
 
@@ -81,10 +99,7 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, offset):
         """Run the kernel; save x, weight and the per-row rstd for backward."""
-        _check_tensor(x, "x")
-        if weight is not None:
-            _check_tensor(weight, "weight")
-        y, rstd = _rmsnorm.rms_norm(_to_numpy(x), _to_numpy(weight), eps, offset=offset)
+        y, rstd = _forward(x, weight, eps, offset)
         ctx.save_for_backward(x, weight, _from_numpy(rstd))
         ctx.offset = offset
         return _from_numpy(y)
@@ -102,7 +117,7 @@ class RMSNormFunction(torch.autograd.Function):
 
 def _as_shape(normalized_shape):
     """normalized_shape as a tuple of ints (an int means a single trailing axis)."""
-    if isinstance(normalized_shape, numbers.Integral):
+    if type(normalized_shape) is int or isinstance(normalized_shape, numbers.Integral):
         return (int(normalized_shape),)
     return tuple(int(n) for n in normalized_shape)
 
@@ -116,12 +131,12 @@ def _check_shapes(x, shape, weight):
     """normalized_shape must be non-empty, match x's trailing axes and weight's shape."""
     if not shape:
         raise ValueError("rmsnorm.torch needs a non-empty normalized_shape, got ()")
-    if x.dim() < len(shape) or tuple(x.shape[-len(shape) :]) != shape:
+    if x.dim() < len(shape) or x.shape[-len(shape) :] != shape:
         raise ValueError(
             f"normalized_shape {shape} does not match the trailing axes of x of shape "
             f"{tuple(x.shape)}"
         )
-    if weight is not None and tuple(weight.shape) != shape:
+    if weight is not None and weight.shape != shape:
         raise ValueError(
             f"weight of shape {tuple(weight.shape)} does not match normalized_shape {shape}"
         )
@@ -143,8 +158,8 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, offset=0.0):
         # The kernels normalize only the last axis when there is no weight: merge the
         # normalized axes (a view whenever the strides allow it).
         flat = x.flatten(start_dim=-len(shape))
-        return RMSNormFunction.apply(flat, None, eps, offset).reshape(x.shape)
-    return RMSNormFunction.apply(x, weight, eps, offset)
+        return _apply(flat, None, eps, offset).reshape(x.shape)
+    return _apply(x, weight, eps, offset)
 
 
 class RMSNorm(torch.nn.Module):

@@ -202,6 +202,27 @@ def test_inputs_unmodified_and_no_grad():
         assert_close(rt.rms_norm(x, (8,), weight), y, torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_paths_with_and_without_autograd_agree(case, dtype):
+    """With no gradient to track (no_grad, or no input requiring one) the kernel runs without
+    the autograd Function; its y is bit-identical to the Function's, which runs otherwise."""
+    _, shape, normalized, affine, offset, transposed = case
+    x = make_x(shape, dtype, transposed).detach()
+    weight = make_weight(normalized, dtype) if affine else None
+    tracked = rt.rms_norm(x.clone().requires_grad_(), normalized, weight, 1e-6, offset)
+    assert tracked.grad_fn is not None
+    for context in (torch.no_grad, torch.enable_grad):
+        with context():
+            plain = rt.rms_norm(x, normalized, weight, 1e-6, offset)
+        assert plain.grad_fn is None and not plain.requires_grad
+        assert plain.dtype == dtype and plain.shape == x.shape
+        assert torch.equal(plain, tracked.detach())
+    with torch.no_grad():
+        y = rt.rms_norm(x.clone().requires_grad_(), normalized, weight, 1e-6, offset)
+        assert y.grad_fn is None
+
+
 # --- the nn.Module contract ------------------------------------------------------------------
 
 
