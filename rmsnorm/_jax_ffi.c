@@ -2,12 +2,17 @@
  * Compiled by rmsnorm.jax at first use against the headers of the installed jaxlib
  * (jax.ffi.include_dir()), and bound to rmsnorm._core through its C API capsule.
  *
- * rmsnorm_ffi_forward(x[..., k], w[k] or w[0]; eps) -> y[..., k], rstd[...]
- * rmsnorm_ffi_backward(dy[..., k], x[..., k], w[k] or w[0], rstd[...]) -> dx[..., k], dw[k] or dw[0]
- * w and dw are in the compute type (float64 for float64 x, float32 otherwise); an empty w means
- * no weight. */
+ * rmsnorm_ffi_forward(x[..., k], w[k] or w[0]; eps, offset) -> y[..., k], rstd[...]
+ * rmsnorm_ffi_backward(dy[..., k], x[..., k], w[k] or w[0], rstd[...]; offset)
+ *     -> dx[..., k], dw[k] or dw[0]
+ * w (and dw, in w's dtype) is in the compute type (float64 for float64 x, float32 otherwise), or
+ * float16 / bfloat16 for a float32 compute type: it is widened, and offset added, here (XLA's
+ * own 16-bit conversions cost more than a small call of the kernels). An empty w means no
+ * weight. */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "rms_capi.h"
 #include "xla/ffi/api/c_api.h"
@@ -97,6 +102,50 @@ static int dtype_code(XLA_FFI_DataType t) {
     }
 }
 
+static size_t elements(const XLA_FFI_Buffer *b);
+
+/* The float64 scalar attribute `name`, or NULL. */
+static const double *attr_f64(const XLA_FFI_CallFrame *f, const char *name) {
+    size_t len = strlen(name);
+    for (int64_t i = 0; i < f->attrs.size; i++) {
+        const XLA_FFI_ByteSpan *n = f->attrs.names[i];
+        const XLA_FFI_Scalar *v = (const XLA_FFI_Scalar *)f->attrs.attrs[i];
+        if (f->attrs.types[i] == XLA_FFI_AttrType_SCALAR && n->len == len &&
+            !memcmp(n->ptr, name, len) && v->dtype == XLA_FFI_DataType_F64)
+            return (const double *)v->value;
+    }
+    return NULL;
+}
+
+/* The weight as the kernels take it (compute type, offset added): w's own data, or *scratch
+ * (to be freed); NULL for no weight. Returns 0, -1 for a weight dtype that does not go with x,
+ * -2 when out of memory. */
+static int weight_in(int xcode, const XLA_FFI_Buffer *w, double offset, const void **use,
+                     void **scratch) {
+    size_t n = elements(w);
+    int wcode = dtype_code(w->dtype), compute = xcode == 1 ? 1 : 0;
+    *use = NULL;
+    *scratch = NULL;
+    if (n == 0)
+        return 0;
+    if (wcode != compute && !(compute == 0 && (wcode == 2 || wcode == 3)))
+        return -1;
+    if (wcode == compute && offset == 0.0) {
+        *use = w->data;
+        return 0;
+    }
+    if (!(*scratch = malloc(n * (compute == 1 ? 8 : 4))))
+        return -2;
+    api->convert(wcode, w->data, *scratch, offset, n, 1);
+    *use = *scratch;
+    return 0;
+}
+
+static XLA_FFI_Error *weight_error(const XLA_FFI_CallFrame *f, int rc) {
+    return error(f, rc == -1 ? "rmsnorm_ffi: the weight's dtype does not go with x's"
+                             : "rmsnorm_ffi: out of memory");
+}
+
 static XLA_FFI_Buffer *arg(XLA_FFI_CallFrame *f, int i) {
     return f->args.types[i] == XLA_FFI_ArgType_BUFFER ? (XLA_FFI_Buffer *)f->args.args[i] : NULL;
 }
@@ -115,21 +164,26 @@ static size_t elements(const XLA_FFI_Buffer *b) {
 XLA_FFI_Error *rmsnorm_ffi_forward(XLA_FFI_CallFrame *f) {
     if (metadata(f) || f->stage != XLA_FFI_ExecutionStage_EXECUTE)
         return NULL;
-    if (!api || f->args.size != 2 || f->rets.size != 2 || f->attrs.size != 1 ||
-        f->attrs.types[0] != XLA_FFI_AttrType_SCALAR)
+    if (!api || f->args.size != 2 || f->rets.size != 2)
         return error(f, "rmsnorm_ffi_forward: unexpected call signature");
     XLA_FFI_Buffer *x = arg(f, 0), *w = arg(f, 1), *y = ret(f, 0), *rstd = ret(f, 1);
-    XLA_FFI_Scalar *eps = (XLA_FFI_Scalar *)f->attrs.attrs[0];
+    const double *eps = attr_f64(f, "eps"), *offset = attr_f64(f, "offset");
     int code = x ? dtype_code(x->dtype) : -1;
-    if (code < 0 || !w || !y || !rstd || x->rank < 1 || eps->dtype != XLA_FFI_DataType_F64)
+    if (code < 0 || !w || !y || !rstd || x->rank < 1 || !eps || !offset)
         return error(f, "rmsnorm_ffi_forward: unsupported arguments");
     size_t k = (size_t)x->dims[x->rank - 1], n = elements(x);
     if (k == 0 || (elements(w) != 0 && elements(w) != k))
         return error(f, "rmsnorm_ffi_forward: weight does not match the last axis of x");
+    const void *wk;
+    void *scratch;
+    int rc = weight_in(code, w, *offset, &wk, &scratch);
+    if (rc < 0)
+        return weight_error(f, rc);
     xla_pool xp;
     rms_pool pool;
-    api->forward(code, x->data, elements(w) ? w->data : NULL, y->data, rstd->data, n / k, k,
-                 *(double *)eps->value, xla_thread_pool(f, &xp, &pool));
+    api->forward(code, x->data, wk, y->data, rstd->data, n / k, k, *eps,
+                 xla_thread_pool(f, &xp, &pool));
+    free(scratch);
     return NULL;
 }
 
@@ -140,17 +194,31 @@ XLA_FFI_Error *rmsnorm_ffi_backward(XLA_FFI_CallFrame *f) {
         return error(f, "rmsnorm_ffi_backward: unexpected call signature");
     XLA_FFI_Buffer *dy = arg(f, 0), *x = arg(f, 1), *w = arg(f, 2), *rstd = arg(f, 3);
     XLA_FFI_Buffer *dx = ret(f, 0), *dw = ret(f, 1);
+    const double *offset = attr_f64(f, "offset");
     int code = x ? dtype_code(x->dtype) : -1;
-    if (code < 0 || !dy || !w || !rstd || !dx || !dw || x->rank < 1)
+    if (code < 0 || !dy || !w || !rstd || !dx || !dw || x->rank < 1 || !offset ||
+        dw->dtype != w->dtype)
         return error(f, "rmsnorm_ffi_backward: unsupported arguments");
     size_t k = (size_t)x->dims[x->rank - 1], n = elements(x);
     if (k == 0 || (elements(w) != 0 && elements(w) != k) || elements(dw) != elements(w))
         return error(f, "rmsnorm_ffi_backward: weight does not match the last axis of x");
-    int has_w = elements(w) != 0;
+    const void *wk;
+    void *scratch, *dg = NULL;
+    int rc = weight_in(code, w, *offset, &wk, &scratch);
+    if (rc < 0)
+        return weight_error(f, rc);
+    int narrow = wk && dtype_code(w->dtype) != (code == 1 ? 1 : 0); /* dw in a 16-bit dtype */
+    if (wk)
+        dg = narrow ? malloc(k * 4) : dw->data;
     xla_pool xp;
     rms_pool pool;
-    if (api->backward(code, dy->data, x->data, has_w ? w->data : NULL, rstd->data, dx->data,
-                      has_w ? dw->data : NULL, n / k, k, xla_thread_pool(f, &xp, &pool)) < 0)
-        return error(f, "rmsnorm_ffi_backward: out of memory");
-    return NULL;
+    rc = wk && !dg ? -1
+                   : api->backward(code, dy->data, x->data, wk, rstd->data, dx->data, dg, n / k, k,
+                                   xla_thread_pool(f, &xp, &pool));
+    if (rc == 0 && narrow)
+        api->convert(dtype_code(w->dtype), dg, dw->data, 0.0, k, 0);
+    if (narrow)
+        free(dg);
+    free(scratch);
+    return rc < 0 ? error(f, "rmsnorm_ffi_backward: out of memory") : NULL;
 }

@@ -29,6 +29,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 try:
@@ -209,9 +210,10 @@ def _host_backward(dy, x, weight, rstd, *, offset, x_ndim):
     return dx, dweight
 
 
-# FFI backend. The kernels see x as rows of its normalized axes, and the weight already widened
-# to the compute type with the offset added (as rmsnorm.rms_norm does in C); an empty weight
-# array stands for no weight.
+# FFI backend. The kernels see x as rows of its normalized axes. The weight goes as it is when
+# its dtype is the compute type, or float16 / bfloat16 with a float32 compute type (the handler
+# widens it and adds the offset: XLA's own 16-bit conversions cost more than a small call);
+# other dtypes are converted here first. An empty weight array stands for no weight.
 
 
 def _ffi_rows(x, weight):
@@ -220,10 +222,16 @@ def _ffi_rows(x, weight):
     return x.reshape(lead + (k,)), lead
 
 
-def _ffi_weight(weight, offset, compute):
+_SIXTEEN_BIT = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _ffi_weight(weight, compute):
     if weight is None:
         return jnp.zeros((0,), compute)
-    return weight.astype(compute).reshape(-1) + jnp.asarray(offset, compute)
+    w = weight.reshape(-1)
+    if w.dtype == compute or (compute == np.float32 and w.dtype in _SIXTEEN_BIT):
+        return w
+    return w.astype(compute)
 
 
 def _ffi_forward(x, weight, eps, offset):
@@ -234,20 +242,22 @@ def _ffi_forward(x, weight, eps, offset):
         (jax.ShapeDtypeStruct(rows.shape, x.dtype), jax.ShapeDtypeStruct(lead, compute)),
         vmap_method="sequential",
     )
-    y, rstd = call(rows, _ffi_weight(weight, offset, compute), eps=np.float64(eps))
+    y, rstd = call(
+        rows, _ffi_weight(weight, compute), eps=np.float64(eps), offset=np.float64(offset)
+    )
     return y.reshape(x.shape), rstd
 
 
 def _ffi_backward(dy, x, weight, rstd, offset):
     compute = _rstd_dtype(x.dtype)
     rows, _ = _ffi_rows(x, weight)
-    w = _ffi_weight(weight, offset, compute)
+    w = _ffi_weight(weight, compute)
     call = jax.ffi.ffi_call(
         "rmsnorm_backward",
-        (jax.ShapeDtypeStruct(rows.shape, x.dtype), jax.ShapeDtypeStruct(w.shape, compute)),
+        (jax.ShapeDtypeStruct(rows.shape, x.dtype), jax.ShapeDtypeStruct(w.shape, w.dtype)),
         vmap_method="sequential",
     )
-    dx, dw = call(dy.reshape(rows.shape), rows, w, rstd)
+    dx, dw = call(dy.reshape(rows.shape), rows, w, rstd, offset=np.float64(offset))
     dweight = None if weight is None else dw.reshape(weight.shape).astype(weight.dtype)
     return dx.reshape(x.shape), dweight
 

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#define RMS_CAPI_VERSION 2
+#define RMS_CAPI_VERSION 3
 
 /* A caller's thread pool (XLA's, say) for the kernels to run on instead of their own OpenMP
  * threads, so that two pools never compete for the same cores. schedule(ctx, task, data) runs
@@ -28,6 +28,9 @@ typedef struct {
     /* Returns 0, or -1 when the per-thread dgamma rows could not be allocated. */
     int (*backward)(int dtype, const void *dy, const void *x, const void *w, const void *rstd,
                     void *dx, void *dgamma, size_t m, size_t k, const rms_pool *pool);
+    /* n weights between dtype's storage type and its compute type: dst = offset + src (widen),
+     * or dst = src rounded (narrow; offset unused). */
+    void (*convert)(int dtype, const void *src, void *dst, double offset, size_t n, int widen);
 } rms_capi;
 
 #endif

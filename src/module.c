@@ -875,7 +875,12 @@ static int capi_backward(int dtype, const void *dy, const void *x, const void *w
     return rms_backward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
 }
 
-static const rms_capi c_api = {RMS_CAPI_VERSION, capi_forward, capi_backward};
+static void capi_convert(int dtype, const void *src, void *dst, double offset, size_t n,
+                         int widen) {
+    rms_convert(&rms_isa_current()->k[dtype], dtype, src, dst, offset, n, widen, 1);
+}
+
+static const rms_capi c_api = {RMS_CAPI_VERSION, capi_forward, capi_backward, capi_convert};
 
 /* ---------------------------------------------------------------- module */
 

@@ -148,6 +148,35 @@ def test_mixed_dtypes():
     assert_close(dweight, ref_dweight)
 
 
+def check_weight_dtype(x_dtype, w_dtype):
+    x = random((5, 48), x_dtype, 0)
+    weight = random((48,), w_dtype, 1, 0.5, 1.0)
+    dy = random((5, 48), np.float32, 2)
+    for offset in (0.0, 1.0):
+        assert_close(jax.jit(rj.rms_norm, static_argnums=(2, 3))(x, weight, 1e-6, offset),
+                     reference(x, weight, 1e-6, offset))
+        ours = jax.jit(jax.grad(loss(rj.rms_norm, offset), (0, 1)))(x, weight, dy)
+        theirs = jax.jit(jax.grad(loss(reference, offset), (0, 1)))(x, weight, dy)
+        assert ours[1].dtype == weight.dtype
+        for got, want in zip(ours, theirs, strict=True):
+            assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "x_dtype, w_dtype",
+    [(np.float32, ml_dtypes.bfloat16), (np.float32, np.float16), (ml_dtypes.bfloat16, np.float16)],
+    ids=["f32-bf16", "f32-f16", "bf16-f16"],
+)
+def test_weight_of_another_dtype(x_dtype, w_dtype):
+    """A 16-bit weight goes to the kernels as it is (widened, with the offset, in C), and its
+    gradient comes back in its own dtype."""
+    check_weight_dtype(x_dtype, w_dtype)
+
+
+def test_float32_weight_with_float64_x(x64):
+    check_weight_dtype(np.float64, np.float32)
+
+
 def test_vmap_shared_and_per_example_weights():
     x = random((4, 3, 8), np.float32, 0)
     weights = random((4, 8), np.float32, 1, 0.5, 1.0)
