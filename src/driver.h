@@ -1,5 +1,6 @@
 /* The driver: the one place that owns threading. It splits the rows (or long rows themselves)
- * across an OpenMP team and calls the kernels of the ISA table in use on each piece. */
+ * across an OpenMP team, or across a thread pool that a native caller lends (rms_pool), and
+ * calls the kernels of the ISA table in use on each piece. */
 #ifndef RMSNORM_DRIVER_H
 #define RMSNORM_DRIVER_H
 
