@@ -57,6 +57,22 @@ static inline int rms_sumsq_ok(double ss, int f64) {
     return ss <= 1.79769313486231570e308 && ss >= (f64 ? 1e-290 : 1e-30);
 }
 
+/* 1/n when n is a power of two, else 0: then s * (1/n) is exactly s / n, and spares the divider
+ * one of the three operations it does per row. */
+static inline double rms_inv_pow2(size_t n) {
+    return n && !(n & (n - 1)) ? 1.0 / (double)n : 0.0;
+}
+
+/* s / n, as a multiplication when inv_n (rms_inv_pow2) allows it. */
+static inline double rms_mean(double s, size_t n, double inv_n) {
+    return inv_n != 0.0 ? s * inv_n : s / (double)n;
+}
+
+/* Rows in the group that starts at row i of m, groups of g rows: min(g, m - i), 0 past the end. */
+static inline size_t rms_group_rows(size_t i, size_t m, size_t g) {
+    return i >= m ? 0 : m - i < g ? m - i : g;
+}
+
 typedef struct {
     const char *name;
     rms_kernels k[RMS_NDTYPES];

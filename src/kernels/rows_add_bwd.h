@@ -77,12 +77,12 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
                              size_t k, double eps, const int hasw, const int before,
                              const int nt) {
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T)), n = 0;
-    const double inv_k = FN(inv_pow2)(k);
+    const double inv_k = rms_inv_pow2(k);
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
     double ss[RMS_GROUP];
     for (size_t i = 0; i < m; i += g) {
         if (!pipe || i == 0) {
-            n = m - i < g ? m - i : g;
+            n = rms_group_rows(i, m, g);
             for (size_t j = 0; j < n; j++)
                 ss[j] = FN(reduce)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs, NULL,
                                    (C)1, k, RMS_ADDSQ);
@@ -90,7 +90,7 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
         for (size_t j = 0; j < n; j++)
             rstd[i + j] = (C)FN(rstd)(ss[j], x + (ptrdiff_t)(i + j) * xs,
                                       r + (ptrdiff_t)(i + j) * rs, k, eps, inv_k);
-        size_t next = i + g, n2 = !pipe || next >= m ? 0 : m - next < g ? m - next : g;
+        size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
         for (size_t j = 0; j < n; j++) {
             if (j < n2)
                 ss[j] = FN(reduce)(x + (ptrdiff_t)(next + j) * xs, r + (ptrdiff_t)(next + j) * rs,
@@ -199,7 +199,8 @@ RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
     const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
     T *dxr = dx + (ptrdiff_t)i * dxs;
     int last = i + d >= m;
-    const T *pdy = last ? NULL : dyr + (ptrdiff_t)d * dys, *px = last ? NULL : xr + (ptrdiff_t)d * xs;
+    const T *pdy = last ? NULL : dyr + (ptrdiff_t)d * dys,
+            *px = last ? NULL : xr + (ptrdiff_t)d * xs;
     V vr = V_SET(rstd[i]), vc = V_SET((C)c);
     size_t head;
     if (nt && FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head))
@@ -213,7 +214,7 @@ RMS_INLINE double FN(bwd_c)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
                             const C *rstd, size_t i, size_t k, double inv_k, const int hasw) {
     double s = FN(reduce)(dy + (ptrdiff_t)i * dys, x + (ptrdiff_t)i * xs, w, rstd[i], k,
                           hasw ? RMS_DOTW : RMS_DOT);
-    return inv_k != 0.0 ? s * inv_k : s / (double)k;
+    return rms_mean(s, k, inv_k);
 }
 
 /* hasdg: 0 none, 1 accumulate into dg, 2 store (one row). Short 16-bit rows are pipelined by
@@ -223,16 +224,16 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
                              ptrdiff_t dxs, const C *w, const C *rstd, C *dg, size_t m, size_t k,
                              const int hasw, const int hasdg, const int nt) {
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T)), n = 0;
-    const double inv_k = FN(inv_pow2)(k);
+    const double inv_k = rms_inv_pow2(k);
     const int pipe = RMS_GROUP > 1 && k * sizeof(T) < RMS_PIPE_BYTES;
     double c[RMS_GROUP];
     for (size_t i = 0; i < m; i += g) {
         if (!pipe || i == 0) {
-            n = m - i < g ? m - i : g;
+            n = rms_group_rows(i, m, g);
             for (size_t j = 0; j < n; j++)
                 c[j] = FN(bwd_c)(dy, dys, x, xs, w, rstd, i + j, k, inv_k, hasw);
         }
-        size_t next = i + g, n2 = !pipe || next >= m ? 0 : m - next < g ? m - next : g;
+        size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
         for (size_t j = 0; j < n; j++) {
             double cj = c[j];
             if (j < n2)

@@ -280,15 +280,12 @@ static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
     return 1.0 / (amax * sqrt(s / (double)n + eps / amax / amax));
 }
 
-/* inv_n: 1/n when n is a power of two (then ss * inv_n is exactly ss / n, and spares the
- * divider one of its three operations per row), else 0. */
+/* inv_n: rms_inv_pow2(n). */
 RMS_INLINE double FN(rstd)(double ss, const T *x, const T *r, size_t n, double eps,
                            double inv_n) {
-    double mean = inv_n != 0.0 ? ss * inv_n : ss / (double)n;
-    return rms_sumsq_ok(ss, sizeof(C) == 8) ? 1.0 / sqrt(mean + eps) : FN(rescue)(x, r, n, eps);
+    return rms_sumsq_ok(ss, sizeof(C) == 8) ? 1.0 / sqrt(rms_mean(ss, n, inv_n) + eps)
+                                            : FN(rescue)(x, r, n, eps);
 }
-
-static inline double FN(inv_pow2)(size_t n) { return n && !(n & (n - 1)) ? 1.0 / (double)n : 0.0; }
 
 /* ---------------------------------------------------------------- streaming */
 
@@ -427,18 +424,18 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const
                              size_t m, size_t k, double eps, const int hasw, const int before,
                              const int nt) {
     size_t g = FN(group)(k), d = FN(ahead)(g, k * sizeof(T)), n = 0;
-    const double inv_k = FN(inv_pow2)(k);
+    const double inv_k = rms_inv_pow2(k);
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
     double ss[RMS_GROUP];
     for (size_t i = 0; i < m; i += g) {
         if (!pipe || i == 0) {
-            n = m - i < g ? m - i : g;
+            n = rms_group_rows(i, m, g);
             for (size_t j = 0; j < n; j++)
                 ss[j] = FN(reduce)(x + (ptrdiff_t)(i + j) * xs, NULL, NULL, (C)1, k, RMS_SQ);
         }
         for (size_t j = 0; j < n; j++)
             rstd[i + j] = (C)FN(rstd)(ss[j], x + (ptrdiff_t)(i + j) * xs, NULL, k, eps, inv_k);
-        size_t next = i + g, n2 = !pipe || next >= m ? 0 : m - next < g ? m - next : g;
+        size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
         for (size_t j = 0; j < n; j++) {
             if (j < n2)
                 ss[j] = FN(reduce)(x + (ptrdiff_t)(next + j) * xs, NULL, NULL, (C)1, k, RMS_SQ);
