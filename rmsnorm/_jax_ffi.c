@@ -36,16 +36,20 @@ typedef struct {
     XLA_FFI_ExecutionContext *ctx;
 } xla_pool;
 
+/* 0 when an XLA call succeeded; else -1, its error destroyed. */
+static int xla_ok(const XLA_FFI_Api *api, XLA_FFI_Error *e) {
+    if (!e)
+        return 0;
+    XLA_FFI_Error_Destroy_Args d = {XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, NULL, e};
+    api->XLA_FFI_Error_Destroy(&d);
+    return -1;
+}
+
 static int xla_schedule(void *data, void (*task)(void *), void *arg) {
     const xla_pool *p = (const xla_pool *)data;
     XLA_FFI_ThreadPool_Schedule_Args a = {XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE, NULL,
                                           p->ctx, task, arg};
-    XLA_FFI_Error *e = p->api->XLA_FFI_ThreadPool_Schedule(&a);
-    if (!e)
-        return 0;
-    XLA_FFI_Error_Destroy_Args d = {XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, NULL, e};
-    p->api->XLA_FFI_Error_Destroy(&d);
-    return -1;
+    return xla_ok(p->api, p->api->XLA_FFI_ThreadPool_Schedule(&a));
 }
 
 #define HAS_FIELD(api, field)                                                                  \
@@ -59,13 +63,7 @@ static const rms_pool *xla_thread_pool(XLA_FFI_CallFrame *f, xla_pool *xp, rms_p
     int64_t n = 0;
     XLA_FFI_ThreadPool_NumThreads_Args a = {XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE, NULL,
                                             f->ctx, &n};
-    XLA_FFI_Error *e = x->XLA_FFI_ThreadPool_NumThreads(&a);
-    if (e) {
-        XLA_FFI_Error_Destroy_Args d = {XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, NULL, e};
-        x->XLA_FFI_Error_Destroy(&d);
-        return NULL;
-    }
-    if (n < 1)
+    if (xla_ok(x, x->XLA_FFI_ThreadPool_NumThreads(&a)) != 0 || n < 1)
         return NULL;
     *xp = (xla_pool){x, f->ctx};
     *pool = (rms_pool){n > 256 ? 256 : (int)n, xla_schedule, xp};
@@ -104,6 +102,9 @@ static int dtype_code(XLA_FFI_DataType t) {
 
 static size_t elements(const XLA_FFI_Buffer *b);
 
+/* The dtype code of x's compute type: float64 for float64 x, float32 otherwise. */
+static int compute_code(int xcode) { return xcode == 1 ? 1 : 0; }
+
 /* The float64 scalar attribute `name`, or NULL. */
 static const double *attr_f64(const XLA_FFI_CallFrame *f, const char *name) {
     size_t len = strlen(name);
@@ -123,7 +124,7 @@ static const double *attr_f64(const XLA_FFI_CallFrame *f, const char *name) {
 static int weight_in(int xcode, const XLA_FFI_Buffer *w, double offset, const void **use,
                      void **scratch) {
     size_t n = elements(w);
-    int wcode = dtype_code(w->dtype), compute = xcode == 1 ? 1 : 0;
+    int wcode = dtype_code(w->dtype), compute = compute_code(xcode);
     *use = NULL;
     *scratch = NULL;
     if (n == 0)
@@ -207,7 +208,7 @@ XLA_FFI_Error *rmsnorm_ffi_backward(XLA_FFI_CallFrame *f) {
     int rc = weight_in(code, w, *offset, &wk, &scratch);
     if (rc < 0)
         return weight_error(f, rc);
-    int narrow = wk && dtype_code(w->dtype) != (code == 1 ? 1 : 0); /* dw in a 16-bit dtype */
+    int narrow = wk && dtype_code(w->dtype) != compute_code(code); /* dw in a 16-bit dtype */
     if (wk)
         dg = narrow ? malloc(k * 4) : dw->data;
     xla_pool xp;
