@@ -481,30 +481,28 @@ def _jax_vjp(jax, forward):
     return fwd_bwd
 
 
-def _jax_adapter_fwd_bwd(w: Workload, peers: Peers, alloc: bool) -> dict:
+def _jax_adapter_with_dy(w: Workload, peers: Peers, transform) -> dict:
+    """Ours and jax.jit's for transform(forward) -> fn(x, gamma, dy), an upstream dy given."""
     jax = peers.jax
     adapter = peers.jax_adapter.rms_norm
     xj, gj, dyj = (jax.numpy.asarray(a) for a in (w.x, w.gamma, w.random()))
-    ours = _jit_or_plain(jax, _jax_vjp(jax, lambda x, g: _first(adapter(x, g))), xj[:1], gj,
-                         dyj[:1])
-    peer = jax.jit(_jax_vjp(jax, jax_formula(jax)))
+    ours = _jit_or_plain(jax, transform(lambda x, g: _first(adapter(x, g))), xj[:1], gj, dyj[:1])
+    peer = jax.jit(transform(jax_formula(jax)))
     return {
         "ours": lambda: jax.block_until_ready(ours(xj, gj, dyj)),
         "jax": lambda: jax.block_until_ready(peer(xj, gj, dyj)),
     }
+
+
+def _jax_adapter_fwd_bwd(w: Workload, peers: Peers, alloc: bool) -> dict:
+    return _jax_adapter_with_dy(w, peers, lambda forward: _jax_vjp(peers.jax, forward))
 
 
 def _jax_adapter_vg(w: Workload, peers: Peers, alloc: bool) -> dict:
     jax = peers.jax
-    adapter = peers.jax_adapter.rms_norm
-    xj, gj, dyj = (jax.numpy.asarray(a) for a in (w.x, w.gamma, w.random()))
-    ours_vg = jax.value_and_grad(jax_loss(jax, lambda x, g: _first(adapter(x, g))), (0, 1))
-    ours = _jit_or_plain(jax, ours_vg, xj[:1], gj, dyj[:1])
-    peer = jax.jit(jax.value_and_grad(jax_loss(jax, jax_formula(jax)), (0, 1)))
-    return {
-        "ours": lambda: jax.block_until_ready(ours(xj, gj, dyj)),
-        "jax": lambda: jax.block_until_ready(peer(xj, gj, dyj)),
-    }
+    return _jax_adapter_with_dy(
+        w, peers, lambda forward: jax.value_and_grad(jax_loss(jax, forward), (0, 1))
+    )
 
 
 # --------------------------------------------------------------------------- timing
