@@ -186,8 +186,9 @@ static double row_sum(const share *sh, int nt, size_t row) {
  * included, so the work finishes even when the pool runs nothing in parallel. */
 typedef void (*phase_fn)(void *job, int t, int nt, int phase);
 
+/* Threads to ask for: nthreads, at most the pool's size when there is a pool. */
 static int pool_threads(const rms_pool *pool, int nthreads) {
-    return pool->nthreads < nthreads ? pool->nthreads : nthreads;
+    return pool && pool->nthreads < nthreads ? pool->nthreads : nthreads;
 }
 
 /* One phase on a pool. The scheduled tasks own a reference each, so one that starts after the
@@ -364,7 +365,7 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
     if (streamable(a->y, a->ys, a->k, es, bytes) &&
         (!a->r || streamable(a->h, a->hs, a->k, es, bytes)))
         flags |= RMS_STREAM;
-    int nt = team_size(total, pool ? pool_threads(pool, nthreads) : nthreads);
+    int nt = team_size(total, pool_threads(pool, nthreads));
     if (nt <= 1) {
         fwd_rows(kt, a, 0, a->m, flags, es, csize(a->dtype));
         return;
@@ -490,7 +491,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
         memset(a->dgamma, 0, a->k * cs);
     if (total == 0)
         return 0;
-    int nt = team_size(total, pool ? pool_threads(pool, nthreads) : nthreads);
+    int nt = team_size(total, pool_threads(pool, nthreads));
     if (nt <= 1) {
         bwd_rows(kt, a, 0, a->m, a->dgamma, rms_esize(a->dtype), cs, flags);
         return 0;
