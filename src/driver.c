@@ -32,6 +32,11 @@ static size_t stream_bytes = (size_t)32 << 20;
 size_t rms_esize(int dtype) { return dtype == RMS_F64 ? 8 : dtype == RMS_F32 ? 4 : 2; }
 static size_t csize(int dtype) { return dtype == RMS_F64 ? 8 : 4; }
 
+/* Bytes per weight: x's storage type with RMS_W_STORAGE, else the compute type. */
+static size_t wsize(int dtype, int flags) {
+    return (flags & RMS_W_STORAGE) ? rms_esize(dtype) : csize(dtype);
+}
+
 static int env_threads(const char *name) {
     const char *s = getenv(name);
     if (!s || !*s)
@@ -335,7 +340,7 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
             r = (double)(float)r; /* scale with the rstd that is stored */
         if (p->c0 == 0) /* exactly one sharer holds the start of the row */
             store_c(a->rstd, p->row, r, f64);
-        const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
+        const char *w = a->w ? (const char *)a->w + p->c0 * wsize(a->dtype, a->flags) : NULL;
         char *y = AT(a->y, p->row, a->ys, p->c0, es);
         if (res)
             kt->add_scale(x, res, AT(a->h, p->row, a->hs, p->c0, es), y, w, r, p->c1 - p->c0,
@@ -455,9 +460,9 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
             piece *p = &s.p[i];
             if (p->row == RMS_NONE)
                 continue;
-            const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
+            const char *w = a->w ? (const char *)a->w + p->c0 * wsize(a->dtype, a->flags) : NULL;
             p->s = kt->dot(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es),
-                           w, load_c(a->rstd, p->row, f64), p->c1 - p->c0);
+                           w, load_c(a->rstd, p->row, f64), p->c1 - p->c0, a->flags);
         }
         j->sh[t] = s;
         bwd_rows(kt, a, s.r0, s.r1, dg, es, cs, j->flags);
@@ -468,7 +473,7 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
                 continue;
             double r = load_c(a->rstd, p->row, f64);
             double c = row_sum(j->sh, nt, p->row) / (double)k;
-            const char *w = a->w ? (const char *)a->w + p->c0 * cs : NULL;
+            const char *w = a->w ? (const char *)a->w + p->c0 * wsize(a->dtype, a->flags) : NULL;
             kt->bwd(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es), w,
                     AT(a->dx, p->row, a->dxs, p->c0, es), r, c, dg ? dg + p->c0 * cs : NULL,
                     p->c1 - p->c0, j->flags);
@@ -482,9 +487,9 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, cs = csize(a->dtype);
-    int flags = streamable(a->dx, a->dxs, a->k, rms_esize(a->dtype), total * rms_esize(a->dtype))
-                    ? RMS_STREAM
-                    : 0;
+    int flags = a->flags & RMS_W_STORAGE;
+    if (streamable(a->dx, a->dxs, a->k, rms_esize(a->dtype), total * rms_esize(a->dtype)))
+        flags |= RMS_STREAM;
     if (a->m == 1) /* one row: dgamma = dy * xhat, stored, not accumulated */
         flags |= RMS_DG_STORE;
     else if (a->dgamma)

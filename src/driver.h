@@ -7,8 +7,9 @@
 #include "../rmsnorm/rms_capi.h"
 #include "kernels/kernels.h"
 
-/* Forward (and residual add when r != NULL). Strides are in elements; w, rstd are in the
- * compute type (double for F64, float otherwise); w may be NULL. */
+/* Forward (and residual add when r != NULL). Strides are in elements; rstd is in the compute
+ * type (double for F64, float otherwise); w may be NULL, else in the compute type, or in x's
+ * storage type with RMS_W_STORAGE in flags (offset 0). */
 typedef struct {
     int dtype, flags;
     size_t m, k;
@@ -25,9 +26,10 @@ typedef struct {
     double eps;
 } rms_fwd_args;
 
-/* Backward. dgamma (k entries, compute type) is NULL when there is no weight. */
+/* Backward. dgamma (k entries, compute type) is NULL when there is no weight; w as in
+ * rms_fwd_args, and flags 0 or RMS_W_STORAGE. */
 typedef struct {
-    int dtype;
+    int dtype, flags;
     size_t m, k;
     const void *dy;
     ptrdiff_t dys;

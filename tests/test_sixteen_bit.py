@@ -144,6 +144,31 @@ def test_dgamma_no_16bit_accumulation(dtype, gamma_dtype, each_isa, rng):
 
 
 @pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
+@pytest.mark.parametrize(
+    "shape", ((1, 64), (3, 4101), (7, 33), (12, 33), (12, 8199), (2, 1 << 17)), ids=str
+)
+def test_gamma_of_x_dtype_read_as_it_is(dtype, shape, isa_threads, rng):
+    """A 16-bit gamma of x's dtype is read as it is for few rows or long rows (and widened to a
+    float32 copy first otherwise): either way, bit for bit what its float32 widening gives.
+    (A widened -0 is +0, as when an offset of 0.0 is added to it.)"""
+    x = oracle.make_x(rng, shape, dtype)
+    r = oracle.make_x(rng, shape, dtype, spread=False)
+    dy = oracle.make_x(rng, shape, dtype, spread=False)
+    gamma = oracle.make_gamma(rng, shape[-1:], dtype)
+    gamma[0] = -0.0
+    wide = gamma.astype(F32) + np.float32(0.0)
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    y32, rstd32 = rmsnorm.rms_norm(x, wide)
+    assert oracle.bits_equal(y, y32) and oracle.bits_equal(rstd, rstd32)
+    for a, b in zip(rmsnorm.add_rms_norm(x, r, gamma), rmsnorm.add_rms_norm(x, r, wide)):
+        assert oracle.bits_equal(a, b)
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx32, dg32 = rmsnorm.rms_norm_backward(dy, x, wide, rstd)
+    assert oracle.bits_equal(dx, dx32)
+    assert dg.dtype == dtype and oracle.bits_equal(dg, dg32.astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
 @pytest.mark.parametrize("n", (1, 15, 17, 1025, 17389), ids=lambda n: f"N{n}")
 def test_every_isa_agrees_with_scalar(dtype, n, rng):
     x = oracle.make_x(rng, (9, n), dtype)

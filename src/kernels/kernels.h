@@ -13,7 +13,8 @@ enum rms_dtype { RMS_F32 = 0, RMS_F64 = 1, RMS_F16 = 2, RMS_BF16 = 3, RMS_NDTYPE
 enum {
     RMS_CAST_BEFORE = 1, /* round x*rstd to the storage type before multiplying by w */
     RMS_STREAM = 2,      /* non-temporal stores for outputs larger than the cache */
-    RMS_DG_STORE = 4     /* backward: store dgamma terms instead of accumulating (one row) */
+    RMS_DG_STORE = 4,    /* backward: store dgamma terms instead of accumulating (one row) */
+    RMS_W_STORAGE = 8    /* w holds x's storage type (offset 0) rather than the compute type */
 };
 
 /* A 2-D view: m rows of k contiguous elements, consecutive rows `stride` elements apart
@@ -41,7 +42,7 @@ typedef struct {
      * NULL; else the row is round(x + r) as in add_rows. */
     double (*rescue)(const void *x, const void *r, size_t n, double eps);
     /* sum(dy * w * x * r) */
-    double (*dot)(const void *dy, const void *x, const void *w, double r, size_t n);
+    double (*dot)(const void *dy, const void *x, const void *w, double r, size_t n, int flags);
     /* dx = r * (dy * w - x * r * c), c = dot / k; dg += dy * x * r */
     void (*bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
                 void *dg, size_t n, int flags);

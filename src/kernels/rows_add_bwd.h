@@ -5,23 +5,23 @@
 
 /* Residual add: h = round(x + r). The first pass only reads; the second recomputes h from the
  * cached row, so h and y can both be streamed and h may alias x or r. */
-RMS_INLINE V FN(add_val)(const T *x, const T *r, const C *w, V vr, size_t t, const int hasw,
+RMS_INLINE V FN(add_val)(const T *x, const T *r, const void *w, V vr, size_t t, const int hasw,
                          const int before, V *h) {
     *h = V_RND(V_ADD(LDX(x, t), LDX(r, t)));
     V v = V_MUL(*h, vr);
     if (before)
         v = V_RND(v);
-    return hasw ? V_MUL(v, LDCX(w, t)) : v;
+    return hasw ? V_MUL(v, LDW(w, t, hasw)) : v;
 }
 
-RMS_INLINE void FN(add_vec)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t t,
+RMS_INLINE void FN(add_vec)(const T *x, const T *r, T *h, T *y, const void *w, V vr, size_t t,
                             const int hasw, const int before, const int nt) {
     V hv, v = FN(add_val)(x, r, w, vr, t, hasw, before, &hv);
     FN(put)(h, hv, t, nt);
     FN(put)(y, v, t, nt);
 }
 
-RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const C *w, V vr, size_t n,
+RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, V vr, size_t n,
                              size_t head, const T *pfx, const T *pfr, const int hasw,
                              const int before, const int nt) {
     size_t i = head;
@@ -30,18 +30,18 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const C *w, V v
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
         FN(pf2)(pfx, pfr, i);
-        V h0, h1, v0 = FN(add_val)(x + i, r + i, hasw ? w + i : w, vr, W, hasw, before, &h0);
-        V v1 = FN(add_val)(x + i + W, r + i + W, hasw ? w + i + W : w, vr, W, hasw, before, &h1);
+        V h0, h1, v0 = FN(add_val)(x + i, r + i, W_AT(w, i, hasw), vr, W, hasw, before, &h0);
+        V v1 = FN(add_val)(x + i + W, r + i + W, W_AT(w, i + W, hasw), vr, W, hasw, before, &h1);
         V_ST2(h + i, h0, h1, nt);
         V_ST2(y + i, v0, v1, nt);
     }
 #endif
     for (; i + W <= n; i += W) {
         FN(pf2)(pfx, pfr, i);
-        FN(add_vec)(x + i, r + i, h + i, y + i, hasw ? w + i : w, vr, W, hasw, before, nt);
+        FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, W, hasw, before, nt);
     }
     if (i < n)
-        FN(add_vec)(x + i, r + i, h + i, y + i, hasw ? w + i : w, vr, n - i, hasw, before, 0);
+        FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, n - i, hasw, before, 0);
 }
 
 static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const void *w,
@@ -49,16 +49,16 @@ static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const 
     size_t head;
     int opt = FN(opts)(w, flags, FN(plan_stream)((T *)y, (T *)h, n, flags, &head));
 #define RMS_X(hw, bf, nt)                                                                          \
-    FN(add_span)((const T *)x, (const T *)r, (T *)h, (T *)y, (const C *)w, V_SET((C)rs), n,        \
-                 head, NULL, NULL, hw, bf, nt)
+    FN(add_span)((const T *)x, (const T *)r, (T *)h, (T *)y, w, V_SET((C)rs), n, head, NULL, NULL, \
+                 hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
 
 RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
-                            ptrdiff_t hs, T *y, ptrdiff_t ys, const C *w, const C *rstd, size_t i,
-                            size_t m, size_t k, size_t d, const int hasw, const int before,
-                            const int nt) {
+                            ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, const C *rstd,
+                            size_t i, size_t m, size_t k, size_t d, const int hasw,
+                            const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs, *rr = r + (ptrdiff_t)i * rs;
     T *hr = h + (ptrdiff_t)i * hs, *yr = y + (ptrdiff_t)i * ys;
     int last = i + d >= m;
@@ -73,7 +73,7 @@ RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, 
 
 /* Pipelined by group for short rows, as fwd_loop is. */
 RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
-                             ptrdiff_t hs, T *y, ptrdiff_t ys, const C *w, C *rstd, size_t m,
+                             ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                              size_t k, double eps, const int hasw, const int before,
                              const int nt) {
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T)), n = 0;
@@ -106,7 +106,7 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
                          size_t m, size_t k, double eps, int flags) {
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, (const C *)w,         \
+    FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,                    \
                  (C *)rstd, m, k, eps, hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
@@ -117,10 +117,10 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
 /* Per row, with xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and
  * the dgamma partial row gains dy * xhat in the same pass (hasdg 1; hasdg 2 stores it). Every
  * intermediate stays near the scale of dy, so huge or tiny rows neither overflow nor underflow. */
-RMS_INLINE V FN(bwd_val)(const T *dy, const T *x, const C *w, C *dg, V vr, V vc, size_t t,
+RMS_INLINE V FN(bwd_val)(const T *dy, const T *x, const void *w, C *dg, V vr, V vc, size_t t,
                          const int hasw, const int hasdg) {
     V dyv = LDX(dy, t), xh = V_MUL(LDX(x, t), vr);
-    V g = hasw ? V_MUL(dyv, LDCX(w, t)) : dyv;
+    V g = hasw ? V_MUL(dyv, LDW(w, t, hasw)) : dyv;
     if (hasdg == 1)
         STCX(dg, V_FMA(dyv, xh, LDCX(dg, t)), t);
     else if (hasdg == 2)
@@ -128,7 +128,7 @@ RMS_INLINE V FN(bwd_val)(const T *dy, const T *x, const C *w, C *dg, V vr, V vc,
     return V_MUL(vr, V_SUB(g, V_MUL(xh, vc)));
 }
 
-RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, V vr, V vc,
+RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *dg, V vr, V vc,
                              size_t n, size_t head, const T *pdy, const T *px, const int hasw,
                              const int hasdg, const int nt) {
     size_t i = head;
@@ -137,9 +137,9 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, 
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
         FN(pf2)(pdy, px, i);
-        V o0 = FN(bwd_val)(dy + i, x + i, hasw ? w + i : w, hasdg ? dg + i : dg, vr, vc, W, hasw,
+        V o0 = FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vc, W, hasw,
                            hasdg);
-        V o1 = FN(bwd_val)(dy + i + W, x + i + W, hasw ? w + i + W : w,
+        V o1 = FN(bwd_val)(dy + i + W, x + i + W, W_AT(w, i + W, hasw),
                            hasdg ? dg + i + W : dg, vr, vc, W, hasw, hasdg);
         V_ST2(dx + i, o0, o1, nt);
     }
@@ -147,19 +147,20 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, 
     for (; i + W <= n; i += W) {
         FN(pf2)(pdy, px, i);
         FN(put)(dx + i,
-                FN(bwd_val)(dy + i, x + i, hasw ? w + i : w, hasdg ? dg + i : dg, vr, vc, W,
+                FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vc, W,
                             hasw, hasdg),
                 W, nt);
     }
     if (i < n)
         FN(put)(dx + i,
-                FN(bwd_val)(dy + i, x + i, hasw ? w + i : w, hasdg ? dg + i : dg, vr, vc, n - i,
+                FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vc, n - i,
                             hasw, hasdg),
                 n - i, 0);
 }
 
-/* X(hasw, hasdg, nt) with constant arguments for o = hasw | hasdg << 1 | nt << 3, where hasdg is
- * 0 (none), 1 (accumulate into dg) or 2 (store: one row) and needs a weight; then the fence. */
+/* X(hasw, hasdg, nt) with constant arguments for o = (hasw != 0) | hasdg << 1 | nt << 3 |
+ * (hasw == 2) << 4, where hasdg is 0 (none), 1 (accumulate into dg) or 2 (store: one row) and
+ * needs a weight; then the fence. */
 #define RMS_SWITCH_BWD(o, flags, X)                                                                \
     do {                                                                                           \
         switch (o) {                                                                               \
@@ -170,7 +171,13 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, 
         case 3: X(1, 1, 0); break;                                                                 \
         case 11: X(1, 1, 1); break;                                                                \
         case 5: X(1, 2, 0); break;                                                                 \
-        default: X(1, 2, 1); break;                                                                \
+        case 13: X(1, 2, 1); break;                                                                \
+        case 17: X(RMS_HW_S, 0, 0); break;                                                         \
+        case 25: X(RMS_HW_S, 0, 1); break;                                                         \
+        case 19: X(RMS_HW_S, 1, 0); break;                                                         \
+        case 27: X(RMS_HW_S, 1, 1); break;                                                         \
+        case 21: X(RMS_HW_S, 2, 0); break;                                                         \
+        default: X(RMS_HW_S, 2, 1); break;                                                         \
         }                                                                                          \
         if ((flags) & RMS_STREAM)                                                                  \
             V_FENCE();                                                                             \
@@ -178,7 +185,7 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const C *w, T *dx, C *dg, 
 
 static inline int FN(bwd_opt)(const void *w, const void *dg, int flags, int nt) {
     int hasdg = w && dg ? ((flags & RMS_DG_STORE) ? 2 : 1) : 0;
-    return (w ? 1 : 0) | (hasdg << 1) | (nt ? 8 : 0);
+    return (w ? 1 : 0) | (hasdg << 1) | (nt ? 8 : 0) | (w && (flags & RMS_W_STORAGE) ? 16 : 0);
 }
 
 static void FN(bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
@@ -186,14 +193,14 @@ static void FN(bwd)(const void *dy, const void *x, const void *w, void *dx, doub
     size_t head;
     int opt = FN(bwd_opt)(w, dg, flags, FN(plan_stream)((T *)dx, NULL, n, flags, &head));
 #define RMS_X(hw, hg, nt)                                                                          \
-    FN(bwd_span)((const T *)dy, (const T *)x, (const C *)w, (T *)dx, (C *)dg, V_SET((C)r),         \
+    FN(bwd_span)((const T *)dy, (const T *)x, w, (T *)dx, (C *)dg, V_SET((C)r),                    \
                  V_SET((C)c), n, head, NULL, NULL, hw, hg, nt)
     RMS_SWITCH_BWD(opt, flags, RMS_X);
 #undef RMS_X
 }
 
 RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
-                            ptrdiff_t dxs, const C *w, const C *rstd, C *dg, double c, size_t i,
+                            ptrdiff_t dxs, const void *w, const C *rstd, C *dg, double c, size_t i,
                             size_t m, size_t k, size_t d, const int hasw, const int hasdg,
                             const int nt) {
     const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
@@ -210,10 +217,10 @@ RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
 }
 
 /* c = sum(dy * w * xhat) / k of row i. */
-RMS_INLINE double FN(bwd_c)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, const C *w,
+RMS_INLINE double FN(bwd_c)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, const void *w,
                             const C *rstd, size_t i, size_t k, double inv_k, const int hasw) {
     double s = FN(reduce)(dy + (ptrdiff_t)i * dys, x + (ptrdiff_t)i * xs, w, rstd[i], k,
-                          hasw ? RMS_DOTW : RMS_DOT);
+                          hasw == 2 ? RMS_DOTWS : hasw ? RMS_DOTW : RMS_DOT);
     return rms_mean(s, k, inv_k);
 }
 
@@ -221,7 +228,7 @@ RMS_INLINE double FN(bwd_c)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
  * group, as in fwd_loop (1M x 64 bfloat16, one thread: 1.25 -> 1.21 of its roofline); 32- and
  * 64-bit rows measured slower that way (float32 1.05 -> 1.07) and go one at a time. */
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
-                             ptrdiff_t dxs, const C *w, const C *rstd, C *dg, size_t m, size_t k,
+                             ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m, size_t k,
                              const int hasw, const int hasdg, const int nt) {
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T)), n = 0;
     const double inv_k = rms_inv_pow2(k);
@@ -250,7 +257,7 @@ static void FN(bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t
                          size_t k, int flags) {
     int opt = FN(bwd_opt)(w, dg, flags, flags & RMS_STREAM);
 #define RMS_X(hw, hg, nt)                                                                          \
-    FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, (const C *)w,                 \
+    FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w,                            \
                  (const C *)rstd, (C *)dg, m, k, hw, hg, nt)
     RMS_SWITCH_BWD(opt, flags, RMS_X);
 #undef RMS_X

@@ -33,11 +33,15 @@
 #define RMS_CAT(a, b) RMS_CAT_(a, b)
 #define RMS_INLINE static inline __attribute__((always_inline))
 #define RMS_PREFETCH(p) __builtin_prefetch((p), 0, 2)
-/* the row reductions: sum x^2, sum round(x + r)^2, sum dy * x, sum dy * w * x */
-enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW };
+/* the row reductions: sum x^2, sum round(x + r)^2, sum dy * x, sum dy * w * x (w in the
+ * compute type, or in the storage type: RMS_DOTWS) */
+enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW, RMS_DOTWS };
 /* options of a row loop, switched once per call into constants: weight, round before the
- * weight, non-temporal stores */
-enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4 };
+ * weight, non-temporal stores, weight in the storage type */
+enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
+/* The hasw constant of the loops: 0 no weight, 1 compute-type weight, RMS_HW_S storage-type
+ * weight (the same loops as 1 where the two types are one). */
+#define RMS_HW_S (sizeof(T) == sizeof(C) ? 1 : 2)
 /* X(hasw, before, nt) with constant arguments for the options in `opt` (RMS_O_* bits), then
  * the store fence when `flags` streamed */
 #define RMS_SWITCH3(opt, flags, X)                                                                 \
@@ -50,7 +54,11 @@ enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4 };
         case 4: X(0, 0, 1); break;                                                                 \
         case 5: X(1, 0, 1); break;                                                                 \
         case 6: X(0, 1, 1); break;                                                                 \
-        default: X(1, 1, 1); break;                                                                \
+        case 7: X(1, 1, 1); break;                                                                 \
+        case 9: X(RMS_HW_S, 0, 0); break;                                                          \
+        case 11: X(RMS_HW_S, 1, 0); break;                                                         \
+        case 13: X(RMS_HW_S, 0, 1); break;                                                         \
+        default: X(RMS_HW_S, 1, 1); break;                                                         \
         }                                                                                          \
         if ((flags) & RMS_STREAM)                                                                  \
             V_FENCE();                                                                             \
@@ -74,6 +82,13 @@ enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4 };
         else                                                                                       \
             V_STP((p), (v), (t));                                                                  \
     } while (0)
+/* The weight at offset i, and t weights widened to the compute type, for a hasw constant.
+ * Storage-type weights get + 0 as the widening to the compute type does (offset 0), so that
+ * a weight of -0 acts as +0 either way. */
+#define W_AT(w, i, hw)                                                                             \
+    ((hw) == 2 ? (const void *)((const T *)(w) + (i)) : (const void *)((const C *)(w) + (i)))
+#define LDW(w, t, hw)                                                                              \
+    ((hw) == 2 ? V_ADD(LDX((const T *)(w), (t)), V_SET((C)0)) : LDCX((const C *)(w), (t)))
 #define STCX(p, v, t)                                                                              \
     do {                                                                                           \
         if ((t) == W)                                                                              \
@@ -167,14 +182,16 @@ static void FN(narrow)(const void *src, void *dst, size_t n) {
 
 /* The two factors of the terms of t elements at i (partial loads are zero-filled); the dot
  * products use x * r, which stays near 1 whatever the scale of x. */
-RMS_INLINE void FN(factors)(const T *a, const T *b, const C *w, V vr, size_t i, size_t t,
+RMS_INLINE void FN(factors)(const T *a, const T *b, const void *w, V vr, size_t i, size_t t,
                             const int kind, V *u, V *v) {
     if (kind == RMS_SQ) {
         *u = *v = LDX(a + i, t);
     } else if (kind == RMS_ADDSQ) {
         *u = *v = V_RND(V_ADD(LDX(a + i, t), LDX(b + i, t)));
     } else {
-        *u = kind == RMS_DOTW ? V_MUL(LDX(a + i, t), LDCX(w + i, t)) : LDX(a + i, t);
+        *u = kind == RMS_DOTW    ? V_MUL(LDX(a + i, t), LDW(W_AT(w, i, 1), t, 1))
+             : kind == RMS_DOTWS ? V_MUL(LDX(a + i, t), LDW(W_AT(w, i, 2), t, 2))
+                                 : LDX(a + i, t);
         *v = V_MUL(LDX(b + i, t), vr);
     }
 }
@@ -183,7 +200,7 @@ RMS_INLINE void FN(factors)(const T *a, const T *b, const C *w, V vr, size_t i, 
  * 2W storage elements, e.g. VDPBF16PS) the squares of x, and of h = round(x + r) packed back
  * by V_PACK2DOT, take two of them and leave r and s alone; the add and the plain forward pass both
  * go this way, so that their sums stay bit-identical. */
-RMS_INLINE void FN(quad)(const T *a, const T *b, const C *w, V vr, size_t i, const int kind,
+RMS_INLINE void FN(quad)(const T *a, const T *b, const void *w, V vr, size_t i, const int kind,
                          V *p, V *q, V *r, V *s) {
 #ifdef V_DOT2
     if (kind == RMS_SQ) {
@@ -214,7 +231,8 @@ RMS_INLINE void FN(quad)(const T *a, const T *b, const C *w, V vr, size_t i, con
 
 /* Eight independent accumulators hide the FMA latency at two FMAs per cycle; a block (up to
  * RMS_BLOCK vectors) is summed in the compute type, then widened once. */
-RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, C r, size_t n, const int kind) {
+RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, size_t n,
+                             const int kind) {
     V vr = V_SET(r);
     A l0 = A_ZERO, h0 = A_ZERO, l1 = A_ZERO, h1 = A_ZERO;
     V u0, v0;
@@ -252,11 +270,14 @@ static double FN(add_sumsq)(const void *x, const void *r, size_t n) {
     return FN(reduce)((const T *)x, (const T *)r, NULL, (C)1, n, RMS_ADDSQ);
 }
 
-/* sum(dy * w * xhat) with xhat = x * r */
-static double FN(dot)(const void *dy, const void *x, const void *w, double r, size_t n) {
-    if (w)
-        return FN(reduce)((const T *)dy, (const T *)x, (const C *)w, (C)r, n, RMS_DOTW);
-    return FN(reduce)((const T *)dy, (const T *)x, NULL, (C)r, n, RMS_DOT);
+/* sum(dy * w * xhat) with xhat = x * r; w in the storage type with RMS_W_STORAGE in flags */
+static double FN(dot)(const void *dy, const void *x, const void *w, double r, size_t n,
+                      int flags) {
+    if (!w)
+        return FN(reduce)((const T *)dy, (const T *)x, NULL, (C)r, n, RMS_DOT);
+    if ((flags & RMS_W_STORAGE) && sizeof(T) != sizeof(C))
+        return FN(reduce)((const T *)dy, (const T *)x, w, (C)r, n, RMS_DOTWS);
+    return FN(reduce)((const T *)dy, (const T *)x, w, (C)r, n, RMS_DOTW);
 }
 
 /* Slow path for a row whose sum of squares is not usable (rms_sumsq_ok): NaN for a row with
@@ -323,12 +344,12 @@ RMS_INLINE void FN(pf2)(const T *a, const T *b, size_t i) {
 /* ---------------------------------------------------------------- forward */
 
 /* t elements of y = (x * r) * w; the constant flags make specialised loops. */
-RMS_INLINE V FN(scale_val)(const T *x, const C *w, V vr, size_t t, const int hasw,
+RMS_INLINE V FN(scale_val)(const T *x, const void *w, V vr, size_t t, const int hasw,
                            const int before) {
     V v = V_MUL(LDX(x, t), vr);
     if (before)
         v = V_RND(v);
-    return hasw ? V_MUL(v, LDCX(w, t)) : v;
+    return hasw ? V_MUL(v, LDW(w, t, hasw)) : v;
 }
 
 /* Stores t elements; a full vector non-temporally when nt. */
@@ -341,7 +362,7 @@ RMS_INLINE void FN(put)(T *y, V v, size_t t, const int nt) {
 
 /* V_ST2(p, a, b, nt), where an ISA defines it, stores two vectors at once (one check of both
  * for the fast conversion); the span loops then go two vectors at a time. */
-RMS_INLINE void FN(scale_span)(const T *x, T *y, const C *w, V vr, size_t n, size_t head,
+RMS_INLINE void FN(scale_span)(const T *x, T *y, const void *w, V vr, size_t n, size_t head,
                                const T *pf, const int hasw, const int before, const int nt) {
     size_t i = head;
     if (head)
@@ -350,22 +371,25 @@ RMS_INLINE void FN(scale_span)(const T *x, T *y, const C *w, V vr, size_t n, siz
     for (; i + 2 * W <= n; i += 2 * W) {
         if (pf)
             RMS_PREFETCH(pf + i);
-        V_ST2(y + i, FN(scale_val)(x + i, hasw ? w + i : w, vr, W, hasw, before),
-              FN(scale_val)(x + i + W, hasw ? w + i + W : w, vr, W, hasw, before), nt);
+        V_ST2(y + i, FN(scale_val)(x + i, W_AT(w, i, hasw), vr, W, hasw, before),
+              FN(scale_val)(x + i + W, W_AT(w, i + W, hasw), vr, W, hasw, before), nt);
     }
 #endif
     for (; i + W <= n; i += W) {
         if (pf)
             RMS_PREFETCH(pf + i);
-        FN(put)(y + i, FN(scale_val)(x + i, hasw ? w + i : w, vr, W, hasw, before), W, nt);
+        FN(put)(y + i, FN(scale_val)(x + i, W_AT(w, i, hasw), vr, W, hasw, before), W, nt);
     }
     if (i < n)
-        FN(put)(y + i, FN(scale_val)(x + i, hasw ? w + i : w, vr, n - i, hasw, before), n - i, 0);
+        FN(put)(y + i, FN(scale_val)(x + i, W_AT(w, i, hasw), vr, n - i, hasw, before), n - i, 0);
 }
 
-/* The RMS_O_* bits of a forward or add loop: weight, cast before it, and streaming (nt). */
+/* The RMS_O_* bits of a forward or add loop: weight (and its type), cast before it, and
+ * streaming (nt). */
 static inline int FN(opts)(const void *w, int flags, int nt) {
-    return (w ? RMS_O_W : 0) | ((flags & RMS_CAST_BEFORE) ? RMS_O_BEFORE : 0) | (nt ? RMS_O_NT : 0);
+    int ws = w && (flags & RMS_W_STORAGE) ? RMS_O_WS : 0;
+    return (w ? RMS_O_W : 0) | ws | ((flags & RMS_CAST_BEFORE) ? RMS_O_BEFORE : 0) |
+           (nt ? RMS_O_NT : 0);
 }
 
 /* One row piece with a given rstd (a row split across threads), fenced when streamed. */
@@ -373,7 +397,7 @@ static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n,
     size_t head;
     int opt = FN(opts)(w, flags, FN(plan_stream)((T *)y, NULL, n, flags, &head));
 #define RMS_X(hw, bf, nt)                                                                          \
-    FN(scale_span)((const T *)x, (T *)y, (const C *)w, V_SET((C)r), n, head, NULL, hw, bf, nt)
+    FN(scale_span)((const T *)x, (T *)y, w, V_SET((C)r), n, head, NULL, hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
@@ -401,7 +425,7 @@ static inline size_t FN(ahead)(size_t g, size_t bytes) {
 /* The row loops switch their options into constants once per call (RMS_SWITCH3), and inline
  * both passes of every row, so that the fixed cost of a short row stays small. A row that
  * plan_stream cannot stream is stored normally. */
-RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const C *w,
+RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const void *w,
                             const C *rstd, size_t i, size_t m, size_t k, size_t d, const int hasw,
                             const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs;
@@ -420,7 +444,7 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  * thread: 1.70 -> 1.50 of a copy). Longer rows measured slightly slower that way and take each
  * group's sums first. The order of every sum is the same either way. */
 #define RMS_PIPE_BYTES 1024
-RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const C *w, C *rstd,
+RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const void *w, C *rstd,
                              size_t m, size_t k, double eps, const int hasw, const int before,
                              const int nt) {
     size_t g = FN(group)(k), d = FN(ahead)(g, k * sizeof(T)), n = 0;
@@ -449,7 +473,7 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
                          void *rstd, size_t m, size_t k, double eps, int flags) {
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    FN(fwd_loop)((const T *)x, xs, (T *)y, ys, (const C *)w, (C *)rstd, m, k, eps, hw, bf, nt)
+    FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }

@@ -5,7 +5,8 @@
  * Tolerances: float64 1e-12 and float32 4e-6, relative to the largest |value| of the output
  * (row sums are accumulated in different orders); 16-bit outputs within one unit in the last
  * place of the format (an rstd that differs in its last float32 bit may flip one rounding);
- * h = round(x + r) is exact, so it must match bit for bit. */
+ * h = round(x + r) is exact, so it must match bit for bit. Every ISA, scalar included, must
+ * also give the same bits with 16-bit weights read as they are as with the weights widened. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,50 +76,106 @@ static void check(const char *what, const char *isa, int dt, size_t k, const voi
     }
 }
 
+/* Inputs x, r, dy of n elements (random), and a pair of zeroed outputs of each kind: y (or dx),
+ * h, rstd of m rows, dgamma of k, for the two sides of a comparison. */
+typedef struct {
+    char *x, *r, *dy, *out[2], *h[2], *rs[2], *dg[2];
+} buffers;
+
+static buffers make_buffers(int dt, size_t n, size_t m, size_t k) {
+    size_t es = esize(dt), cs = csize(dt);
+    buffers b = {malloc(n * es), malloc(n * es), malloc(n * es), {0}, {0}, {0}, {0}};
+    fill(b.x, n, dt, 3.0);
+    fill(b.r, n, dt, 1.0);
+    fill(b.dy, n, dt, 1.0);
+    for (int j = 0; j < 2; j++) {
+        b.out[j] = calloc(n, es);
+        b.h[j] = calloc(n, es);
+        b.rs[j] = calloc(m, cs);
+        b.dg[j] = calloc(k, cs);
+    }
+    return b;
+}
+
+static void free_buffers(buffers *b) {
+    for (int j = 0; j < 2; j++) {
+        free(b->out[j]);
+        free(b->h[j]);
+        free(b->rs[j]);
+        free(b->dg[j]);
+    }
+    free(b->x);
+    free(b->r);
+    free(b->dy);
+}
+
 static void compare(const rms_isa_table *isa, int dt, size_t k) {
     const rms_kernels *ref = &rms_isa_scalar.k[dt], *kt = &isa->k[dt];
-    size_t m = 3, s = k + 3, es = esize(dt), cs = csize(dt);
-    char *x = malloc(m * s * es), *r = malloc(m * s * es), *dy = malloc(m * s * es);
-    char *w = malloc(k * cs), *out[2], *h[2], *rs[2], *dg[2];
-    fill(x, m * s, dt, 3.0);
-    fill(r, m * s, dt, 1.0);
-    fill(dy, m * s, dt, 1.0);
+    size_t m = 3, s = k + 3, cs = csize(dt), n = m * s;
+    buffers b = make_buffers(dt, n, m, k);
+    char *w = malloc(k * cs);
     fill(w, k, dt == RMS_F64 ? RMS_F64 : RMS_F32, 1.0);
-    for (int j = 0; j < 2; j++) {
-        out[j] = calloc(m * s, es);
-        h[j] = calloc(m * s, es);
-        rs[j] = calloc(m, cs);
-        dg[j] = calloc(k, cs);
-    }
     for (int flags = 0; flags <= RMS_CAST_BEFORE; flags += RMS_CAST_BEFORE) {
         for (int j = 0; j < 2; j++)
-            (j ? kt : ref)->fwd_rows(x, (ptrdiff_t)s, out[j], (ptrdiff_t)s, w, rs[j], m, k, 1e-6,
-                                     flags);
-        check("fwd y", isa->name, dt, k, out[1], out[0], m * s, 0, 0);
-        check("fwd rstd", isa->name, dt, k, rs[1], rs[0], m, 1, 0);
+            (j ? kt : ref)->fwd_rows(b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s, w, b.rs[j], m, k,
+                                     1e-6, flags);
+        check("fwd y", isa->name, dt, k, b.out[1], b.out[0], n, 0, 0);
+        check("fwd rstd", isa->name, dt, k, b.rs[1], b.rs[0], m, 1, 0);
         for (int j = 0; j < 2; j++)
-            (j ? kt : ref)->add_rows(x, (ptrdiff_t)s, r, (ptrdiff_t)s, h[j], (ptrdiff_t)s, out[j],
-                                     (ptrdiff_t)s, w, rs[j], m, k, 1e-6, flags);
-        check("add h", isa->name, dt, k, h[1], h[0], m * s, 0, 1);
-        check("add y", isa->name, dt, k, out[1], out[0], m * s, 0, 0);
+            (j ? kt : ref)->add_rows(b.x, (ptrdiff_t)s, b.r, (ptrdiff_t)s, b.h[j], (ptrdiff_t)s,
+                                     b.out[j], (ptrdiff_t)s, w, b.rs[j], m, k, 1e-6, flags);
+        check("add h", isa->name, dt, k, b.h[1], b.h[0], n, 0, 1);
+        check("add y", isa->name, dt, k, b.out[1], b.out[0], n, 0, 0);
     }
     for (int j = 0; j < 2; j++) {
-        memset(dg[j], 0, k * cs);
-        (j ? kt : ref)->bwd_rows(dy, (ptrdiff_t)s, x, (ptrdiff_t)s, out[j], (ptrdiff_t)s, w, rs[0],
-                                 dg[j], m, k, 0);
+        memset(b.dg[j], 0, k * cs);
+        (j ? kt : ref)->bwd_rows(b.dy, (ptrdiff_t)s, b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s, w,
+                                 b.rs[0], b.dg[j], m, k, 0);
     }
-    check("bwd dx", isa->name, dt, k, out[1], out[0], m * s, 0, 0);
-    check("bwd dgamma", isa->name, dt, k, dg[1], dg[0], k, 1, 0);
-    for (int j = 0; j < 2; j++) {
-        free(out[j]);
-        free(h[j]);
-        free(rs[j]);
-        free(dg[j]);
-    }
-    free(x);
-    free(r);
-    free(dy);
+    check("bwd dx", isa->name, dt, k, b.out[1], b.out[0], n, 0, 0);
+    check("bwd dgamma", isa->name, dt, k, b.dg[1], b.dg[0], k, 1, 0);
+    free_buffers(&b);
     free(w);
+}
+
+/* 16-bit weights read in x's storage type (RMS_W_STORAGE) must give bit for bit what the same
+ * kernels give with those weights widened first, -0 included: forward, add and backward. */
+static void compare_storage_weights(const rms_isa_table *isa, int dt, size_t k) {
+    const rms_kernels *kt = &isa->k[dt];
+    unsigned long long saved = rng_state; /* leave compare()'s data as it was */
+    size_t m = 3, s = k + 3, n = m * s;
+    buffers b = make_buffers(dt, n, m, k);
+    char *ws = malloc(k * esize(dt)), *wc = malloc(k * 4);
+    fill(ws, k, dt, 1.0);
+    put(ws, 0, dt, -0.0);
+    kt->widen(ws, wc, 0.0, k);
+    for (int j = 0; j < 2; j++) /* j = 0: widened; 1: as stored */
+        kt->fwd_rows(b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s, j ? ws : wc, b.rs[j], m, k, 1e-6,
+                     j ? RMS_W_STORAGE : 0);
+    check("storage w fwd y", isa->name, dt, k, b.out[1], b.out[0], n, 0, 1);
+    for (int j = 0; j < 2; j++)
+        kt->add_rows(b.x, (ptrdiff_t)s, b.r, (ptrdiff_t)s, b.h[j], (ptrdiff_t)s, b.out[j],
+                     (ptrdiff_t)s, j ? ws : wc, b.rs[j], m, k, 1e-6,
+                     (j ? RMS_W_STORAGE : 0) | RMS_CAST_BEFORE);
+    check("storage w add y", isa->name, dt, k, b.out[1], b.out[0], n, 0, 1);
+    for (int j = 0; j < 2; j++)
+        kt->bwd_rows(b.dy, (ptrdiff_t)s, b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s, j ? ws : wc,
+                     b.rs[0], b.dg[j], m, k, j ? RMS_W_STORAGE : 0);
+    check("storage w bwd dx", isa->name, dt, k, b.out[1], b.out[0], n, 0, 1);
+    check("storage w bwd dgamma", isa->name, dt, k, b.dg[1], b.dg[0], k, 1, 1);
+    for (int j = 0; j < 2; j++) { /* the pieces of a row split across threads */
+        const void *w = j ? ws : wc;
+        int f = j ? RMS_W_STORAGE : 0;
+        double d = kt->dot(b.dy, b.x, w, 0.5, k, f);
+        kt->scale(b.x, b.out[j], w, 0.5, k, f);
+        kt->bwd(b.dy, b.x, w, b.h[j], 0.5, d / (double)k, NULL, k, f);
+    }
+    check("storage w scale", isa->name, dt, k, b.out[1], b.out[0], k, 0, 1);
+    check("storage w dot + bwd", isa->name, dt, k, b.h[1], b.h[0], k, 0, 1);
+    free_buffers(&b);
+    free(ws);
+    free(wc);
+    rng_state = saved;
 }
 
 int main(void) {
@@ -129,8 +186,11 @@ int main(void) {
     for (int i = 0; i < n; i++) {
         printf("checking %s against scalar\n", isas[i]->name);
         for (int dt = 0; dt < RMS_NDTYPES; dt++)
-            for (size_t t = 0; t < sizeof(tails) / sizeof(tails[0]); t++)
+            for (size_t t = 0; t < sizeof(tails) / sizeof(tails[0]); t++) {
                 compare(isas[i], dt, tails[t]);
+                if (dt == RMS_F16 || dt == RMS_BF16)
+                    compare_storage_weights(isas[i], dt, tails[t]);
+            }
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
