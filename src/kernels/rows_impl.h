@@ -240,6 +240,9 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, size_t 
     while (i + 4 * W <= n) {
         V a0 = V_SET((C)0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         size_t stop = n - i >= RMS_BLOCK * W ? i + RMS_BLOCK * W : n;
+#ifdef V_DOT2
+        size_t start = i;
+#endif
         for (; i + 8 * W <= stop; i += 8 * W) {
             FN(quad)(a, b, w, vr, i, kind, &a0, &a1, &a2, &a3);
             FN(quad)(a, b, w, vr, i + 4 * W, kind, &a4, &a5, &a6, &a7);
@@ -248,7 +251,16 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, size_t 
             FN(quad)(a, b, w, vr, i, kind, &a0, &a1, &a2, &a3);
             i += 4 * W;
         }
-        V sum = V_ADD(V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)), V_ADD(V_ADD(a2, a6), V_ADD(a3, a7)));
+        V sum;
+#ifdef V_DOT2
+        /* Pairwise sums of squares feed a0, a1, a4, a5 only, and a4, a5 only past 8W elements.
+         * Sums of squares are never -0, so leaving out the +0 of the others changes no bit; a
+         * short row's chain is two adds shorter. */
+        if (kind == RMS_SQ || kind == RMS_ADDSQ)
+            sum = i - start > 4 * W ? V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)) : V_ADD(a0, a1);
+        else
+#endif
+            sum = V_ADD(V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)), V_ADD(V_ADD(a2, a6), V_ADD(a3, a7)));
         A_WIDEN(l0, h0, sum);
     }
     for (; i + W <= n; i += W) {
