@@ -229,6 +229,13 @@ RMS_INLINE void FN(quad)(const T *a, const T *b, const void *w, V vr, size_t i, 
     *s = V_FMA(u3, v3, *s);
 }
 
+/* Whether quad() takes `kind` two accumulators at a time (V_DOT2). */
+#ifdef V_DOT2
+#define RMS_KIND_DOT2(kind) ((kind) == RMS_SQ || (kind) == RMS_ADDSQ)
+#else
+#define RMS_KIND_DOT2(kind) 0
+#endif
+
 /* Eight independent accumulators hide the FMA latency at two FMAs per cycle; a block (up to
  * RMS_BLOCK vectors) is summed in the compute type, then widened once. */
 RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, size_t n,
@@ -239,10 +246,7 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, size_t 
     size_t i = 0;
     while (i + 4 * W <= n) {
         V a0 = V_SET((C)0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        size_t stop = n - i >= RMS_BLOCK * W ? i + RMS_BLOCK * W : n;
-#ifdef V_DOT2
-        size_t start = i;
-#endif
+        size_t stop = n - i >= RMS_BLOCK * W ? i + RMS_BLOCK * W : n, start = i;
         for (; i + 8 * W <= stop; i += 8 * W) {
             FN(quad)(a, b, w, vr, i, kind, &a0, &a1, &a2, &a3);
             FN(quad)(a, b, w, vr, i + 4 * W, kind, &a4, &a5, &a6, &a7);
@@ -251,16 +255,16 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, size_t 
             FN(quad)(a, b, w, vr, i, kind, &a0, &a1, &a2, &a3);
             i += 4 * W;
         }
-        V sum;
-#ifdef V_DOT2
-        /* Pairwise sums of squares feed a0, a1, a4, a5 only, and a4, a5 only past 8W elements.
-         * Sums of squares are never -0, so leaving out the +0 of the others changes no bit; a
-         * short row's chain is two adds shorter. */
-        if (kind == RMS_SQ || kind == RMS_ADDSQ)
-            sum = i - start > 4 * W ? V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)) : V_ADD(a0, a1);
-        else
-#endif
-            sum = V_ADD(V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)), V_ADD(V_ADD(a2, a6), V_ADD(a3, a7)));
+        /* The add tree leaves out accumulators that are still +0: a4..a7 when the block was a
+         * single quad (a short row), and a2, a3, a6, a7 for pairwise sums of squares, which feed
+         * the others only. Accumulators that start at +0 and only ever gain terms are never -0,
+         * so adding a +0 changes no bit: a short row's chain is just shorter. */
+        int two = RMS_KIND_DOT2(kind), one = i - start <= 4 * W;
+        V sum = one && two ? V_ADD(a0, a1)
+              : one        ? V_ADD(V_ADD(a0, a1), V_ADD(a2, a3))
+              : two        ? V_ADD(V_ADD(a0, a4), V_ADD(a1, a5))
+                           : V_ADD(V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)),
+                                   V_ADD(V_ADD(a2, a6), V_ADD(a3, a7)));
         A_WIDEN(l0, h0, sum);
     }
     for (; i + W <= n; i += W) {
@@ -510,6 +514,7 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
 #undef V_DOT2
 #undef V_ST2
 #undef V_PACK2DOT
+#undef RMS_KIND_DOT2
 #ifdef RMS_OWN_LDCP
 #undef RMS_OWN_LDCP
 #undef V_LDCP
