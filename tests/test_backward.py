@@ -4,6 +4,7 @@ threads, and a float64 finite-difference gradient check of the forward."""
 import numpy as np
 import oracle
 import pytest
+from conftest import ISAS, using
 from oracle import ALL_DTYPES, F64, SHAPE_IDS, SHAPES, dtype_id
 
 import rmsnorm
@@ -48,6 +49,24 @@ def test_backward_gamma_none(dtype, shape, isa_threads, rng):
     x = oracle.make_x(rng, shape, dtype)
     dy = oracle.make_x(rng, shape, dtype, spread=False)
     run_and_check(x, None, dy)
+
+
+@pytest.mark.parametrize("shape", [(5, 33), (4, 1024), (3, 16384)], ids=str)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("isa", ISAS)
+def test_dx_rows_independent(isa, dtype, shape, rng):
+    """On one thread, each row's dx is bit for bit the dx of that row alone, however rows are
+    grouped (two at a time for 32- and 64-bit rows with a weight, one at a time alone). (A row
+    that threads share sums its c in another order, so the test keeps to one thread.)"""
+    x = oracle.make_x(rng, shape, dtype)
+    gamma = oracle.make_gamma(rng, shape[-1:], dtype)
+    dy = oracle.make_x(rng, shape, dtype, spread=False)
+    with using(isa, 1):
+        _, rstd = rmsnorm.rms_norm(x, gamma)
+        dx, _ = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+        for i in range(shape[0]):
+            one, _ = rmsnorm.rms_norm_backward(dy[i : i + 1], x[i : i + 1], gamma, rstd[i : i + 1])
+            assert oracle.bits_equal(dx[i : i + 1], one), f"row {i}"
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)

@@ -11,9 +11,9 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
 case "$(uname -m)" in
-x86_64) gcc -O2 -std=gnu11 -Wall -Wextra -Werror -Isrc $x86 $sources $x86_src -lm -o "$out/native" ;;
-aarch64) gcc -O2 -std=gnu11 -Wall -Wextra -Werror -Isrc -DRMSNORM_HAVE_NEON $sources src/kernels/neon.c -lm -o "$out/native" ;;
-*) gcc -O2 -std=gnu11 -Wall -Wextra -Werror -Isrc $sources -lm -o "$out/native" ;;
+x86_64) gcc -O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc $x86 $sources $x86_src -lm -o "$out/native" ;;
+aarch64) gcc -O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc -DRMSNORM_HAVE_NEON $sources src/kernels/neon.c -lm -o "$out/native" ;;
+*) gcc -O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc $sources -lm -o "$out/native" ;;
 esac
 "$out/native"
 
@@ -25,7 +25,7 @@ if [ "$(uname -m)" != aarch64 ]; then
         fi
     fi
     if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64-static >/dev/null; then
-        aarch64-linux-gnu-gcc -O2 -std=gnu11 -Wall -Wextra -Werror -Isrc -DRMSNORM_HAVE_NEON \
+        aarch64-linux-gnu-gcc -O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc -DRMSNORM_HAVE_NEON \
             $sources src/kernels/neon.c -lm -static -o "$out/neon"
         qemu-aarch64-static "$out/neon"
     else
