@@ -70,8 +70,10 @@ class BuildExt(build_ext):
         # information would be over ten times the code (RMSNORM_EXTRA_CFLAGS=-g brings it back).
         # -ffp-contract=off: no multiply and add fused unless the code asks (V_FMA), so that every
         # path through the kernels rounds the same way whatever the compiler chooses to fuse.
-        flags = ["-O3", "-g0", "-std=gnu11", "-Wall", "-Wextra", "-fno-strict-aliasing"]
-        flags.append("-ffp-contract=off")
+        flags = [
+            "-O3", "-g0", "-std=gnu11", "-ffp-contract=off", "-Wall", "-Wextra",
+            "-fno-strict-aliasing",
+        ]
         if os.environ.get("RMSNORM_WERROR") == "1":
             flags.append("-Werror")
         flags += os.environ.get("RMSNORM_EXTRA_CFLAGS", "").split()

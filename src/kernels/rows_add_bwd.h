@@ -114,13 +114,13 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
 
 /* ---------------------------------------------------------------- backward */
 
-/* Per row, with xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and
- * the dgamma partial row gains dy * xhat in the same pass (hasdg 1; hasdg 2 stores it). Every
- * intermediate stays near the scale of dy, so huge or tiny rows neither overflow nor underflow. */
 /* dx = r * (g - xhat * c), given vnc = -c: one explicit FMA, so that the compiler has no product
  * left to fuse in one place and not in another, and every path gives the same bits. */
 RMS_INLINE V FN(dx_val)(V g, V xh, V vr, V vnc) { return V_MUL(vr, V_FMA(xh, vnc, g)); }
 
+/* Per row, with xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and
+ * the dgamma partial row gains dy * xhat in the same pass (hasdg 1; hasdg 2 stores it). Every
+ * intermediate stays near the scale of dy, so huge or tiny rows neither overflow nor underflow. */
 RMS_INLINE V FN(bwd_val)(const T *dy, const T *x, const void *w, C *dg, V vr, V vnc, size_t t,
                          const int hasw, const int hasdg) {
     V dyv = LDX(dy, t), xh = V_MUL(LDX(x, t), vr);
@@ -220,56 +220,64 @@ RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
         FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vnc, k, 0, pdy, px, hasw, hasdg, 0);
 }
 
-/* t elements of two rows (a: dy0, x0 -> dx0; b: dy1, x1 -> dx1) at once, accumulating dgamma:
- * the weight and the dgamma row are loaded and stored once for both, and dg gains row a's term,
- * then row b's, as it does row by row. */
-RMS_INLINE void FN(bwd_pair_vec)(const T *dy0, const T *x0, T *dx0, V vr0, V vnc0, const T *dy1,
-                                 const T *x1, T *dx1, V vr1, V vnc1, const void *w, C *dg, size_t t,
-                                 const int hasw, const int nt) {
-    V dyv0 = LDX(dy0, t), xh0 = V_MUL(LDX(x0, t), vr0);
-    V dyv1 = LDX(dy1, t), xh1 = V_MUL(LDX(x1, t), vr1);
+/* t elements of two rows (a at dy, x -> dx; b one stride further) at once, accumulating
+ * dgamma: the weight and the dgamma row are loaded and stored once for both, and dg gains row a's
+ * term, then row b's, as it does row by row. */
+RMS_INLINE void FN(bwd_pair_vec)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
+                                 ptrdiff_t dxs, const void *w, C *dg, V vr0, V vnc0, V vr1,
+                                 V vnc1, size_t t, const int hasw, const int nt) {
+    V dyv0 = LDX(dy, t), xh0 = V_MUL(LDX(x, t), vr0);
+    V dyv1 = LDX(dy + dys, t), xh1 = V_MUL(LDX(x + xs, t), vr1);
     V wv = LDW(w, t, hasw);
     STCX(dg, V_FMA(dyv1, xh1, V_FMA(dyv0, xh0, LDCX(dg, t))), t);
-    FN(put)(dx0, FN(dx_val)(V_MUL(dyv0, wv), xh0, vr0, vnc0), t, nt);
-    FN(put)(dx1, FN(dx_val)(V_MUL(dyv1, wv), xh1, vr1, vnc1), t, nt);
+    FN(put)(dx, FN(dx_val)(V_MUL(dyv0, wv), xh0, vr0, vnc0), t, nt);
+    FN(put)(dx + dxs, FN(dx_val)(V_MUL(dyv1, wv), xh1, vr1, vnc1), t, nt);
 }
 
-/* Rows i and i + 1 (with a weight, accumulating dgamma), given their c. */
+/* The second pass of two rows, as bwd_span is of one; pdy, px: the rows to prefetch, or NULL. */
+RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
+                                  ptrdiff_t dxs, const void *w, C *dg, V vr0, V vnc0, V vr1,
+                                  V vnc1, size_t n, size_t head, const T *pdy, const T *px,
+                                  const int hasw, const int nt) {
+    size_t i = head;
+    if (head)
+        FN(bwd_pair_vec)(dy, dys, x, xs, dx, dxs, w, dg, vr0, vnc0, vr1, vnc1, head, hasw, 0);
+    for (; i + W <= n; i += W) {
+        FN(pf2)(pdy, px, i);
+        FN(pf2)(pdy ? pdy + dys : NULL, px ? px + xs : NULL, i);
+        FN(bwd_pair_vec)(dy + i, dys, x + i, xs, dx + i, dxs, W_AT(w, i, hasw), dg + i, vr0,
+                         vnc0, vr1, vnc1, W, hasw, nt);
+    }
+    if (i < n)
+        FN(bwd_pair_vec)(dy + i, dys, x + i, xs, dx + i, dxs, W_AT(w, i, hasw), dg + i, vr0,
+                         vnc0, vr1, vnc1, n - i, hasw, 0);
+}
+
+/* Rows i and i + 1 (with a weight, accumulating dgamma), given their c; as bwd_row is of one. */
 RMS_INLINE void FN(bwd_pair)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, double c0,
                              double c1, size_t i, size_t m, size_t k, size_t d, const int hasw,
                              const int nt) {
-    const T *dy0 = dy + (ptrdiff_t)i * dys, *x0 = x + (ptrdiff_t)i * xs;
-    const T *dy1 = dy0 + dys, *x1 = x0 + xs;
-    T *dx0 = dx + (ptrdiff_t)i * dxs, *dx1 = dx0 + dxs;
-    const T *pdy = i + 1 + d < m ? dy0 + (ptrdiff_t)d * dys : NULL;
-    const T *px = pdy ? x0 + (ptrdiff_t)d * xs : NULL;
-    size_t head = 0, head1 = 0;
-    int stream = nt && FN(plan_stream)(dx0, NULL, k, RMS_STREAM, &head) &&
-                 FN(plan_stream)(dx1, NULL, k, RMS_STREAM, &head1);
-    if (stream && head != head1) { /* rows that align differently go one at a time */
-        FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c0, i, m, k, d, hasw, 1, nt);
-        FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c1, i + 1, m, k, d, hasw, 1, nt);
-        return;
-    }
+    const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
+    T *dxr = dx + (ptrdiff_t)i * dxs;
+    int last = i + 1 + d >= m;
+    const T *pdy = last ? NULL : dyr + (ptrdiff_t)d * dys,
+            *px = last ? NULL : xr + (ptrdiff_t)d * xs;
     V vr0 = V_SET(rstd[i]), vnc0 = V_SET((C)-c0), vr1 = V_SET(rstd[i + 1]), vnc1 = V_SET((C)-c1);
-#define RMS_PAIR(j, t, s)                                                                          \
-    FN(bwd_pair_vec)(dy0 + (j), x0 + (j), dx0 + (j), vr0, vnc0, dy1 + (j), x1 + (j), dx1 + (j),  \
-                     vr1, vnc1, W_AT(w, (j), hasw), dg + (j), (t), hasw, (s))
-    size_t j = stream ? head : 0;
-    if (j)
-        RMS_PAIR(0, j, 0);
-    for (; j + W <= k; j += W) {
-        FN(pf2)(pdy, px, j);
-        FN(pf2)(pdy ? pdy + dys : NULL, px ? px + xs : NULL, j);
-        if (stream)
-            RMS_PAIR(j, W, nt);
-        else
-            RMS_PAIR(j, W, 0);
+    size_t head, head1;
+    if (nt && FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head) &&
+        FN(plan_stream)(dxr + dxs, NULL, k, RMS_STREAM, &head1)) {
+        if (head == head1) {
+            FN(bwd_pair_span)(dyr, dys, xr, xs, dxr, dxs, w, dg, vr0, vnc0, vr1, vnc1, k, head,
+                              pdy, px, hasw, nt);
+        } else { /* rows that align differently go one at a time */
+            FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c0, i, m, k, d, hasw, 1, nt);
+            FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c1, i + 1, m, k, d, hasw, 1, nt);
+        }
+    } else {
+        FN(bwd_pair_span)(dyr, dys, xr, xs, dxr, dxs, w, dg, vr0, vnc0, vr1, vnc1, k, 0, pdy, px,
+                          hasw, 0);
     }
-    if (j < k)
-        RMS_PAIR(j, k - j, 0);
-#undef RMS_PAIR
 }
 
 /* c = sum(dy * w * xhat) / k of row i. */

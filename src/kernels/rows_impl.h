@@ -189,9 +189,8 @@ RMS_INLINE void FN(factors)(const T *a, const T *b, const void *w, V vr, size_t 
     } else if (kind == RMS_ADDSQ) {
         *u = *v = V_RND(V_ADD(LDX(a + i, t), LDX(b + i, t)));
     } else {
-        *u = kind == RMS_DOTW    ? V_MUL(LDX(a + i, t), LDW(W_AT(w, i, 1), t, 1))
-             : kind == RMS_DOTWS ? V_MUL(LDX(a + i, t), LDW(W_AT(w, i, 2), t, 2))
-                                 : LDX(a + i, t);
+        const int hw = kind == RMS_DOTWS ? 2 : 1; /* the weight's type, for DOTW(S) */
+        *u = kind == RMS_DOT ? LDX(a + i, t) : V_MUL(LDX(a + i, t), LDW(W_AT(w, i, hw), t, hw));
         *v = V_MUL(LDX(b + i, t), vr);
     }
 }

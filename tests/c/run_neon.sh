@@ -7,13 +7,14 @@ cd "$(dirname "$0")/../.."
 sources="src/kernels/scalar.c src/dispatch.c tests/c/kernel_check.c"
 x86="-DRMSNORM_HAVE_AVX2 -DRMSNORM_HAVE_AVX512 -DRMSNORM_HAVE_AVX512BF16"
 x86_src="src/kernels/avx2.c src/kernels/avx512.c src/kernels/avx512bf16.c"
+cflags="-O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
 case "$(uname -m)" in
-x86_64) gcc -O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc $x86 $sources $x86_src -lm -o "$out/native" ;;
-aarch64) gcc -O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc -DRMSNORM_HAVE_NEON $sources src/kernels/neon.c -lm -o "$out/native" ;;
-*) gcc -O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc $sources -lm -o "$out/native" ;;
+x86_64) gcc $cflags $x86 $sources $x86_src -lm -o "$out/native" ;;
+aarch64) gcc $cflags -DRMSNORM_HAVE_NEON $sources src/kernels/neon.c -lm -o "$out/native" ;;
+*) gcc $cflags $sources -lm -o "$out/native" ;;
 esac
 "$out/native"
 
@@ -25,7 +26,7 @@ if [ "$(uname -m)" != aarch64 ]; then
         fi
     fi
     if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64-static >/dev/null; then
-        aarch64-linux-gnu-gcc -O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc -DRMSNORM_HAVE_NEON \
+        aarch64-linux-gnu-gcc $cflags -DRMSNORM_HAVE_NEON \
             $sources src/kernels/neon.c -lm -static -o "$out/neon"
         qemu-aarch64-static "$out/neon"
     else
