@@ -22,6 +22,13 @@ def run_and_check(x, gamma, dy, offset=0.0, eps=1e-6):
     return dx, dgamma
 
 
+def inputs(rng, shape, dtype):
+    """x, a gamma of x's dtype over its last axis, and dy."""
+    x = oracle.make_x(rng, shape, dtype)
+    gamma = oracle.make_gamma(rng, shape[-1:], dtype)
+    return x, gamma, oracle.make_x(rng, shape, dtype, spread=False)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 def test_backward_matches_oracle(dtype, shape, isa_threads, rng):
@@ -58,15 +65,32 @@ def test_dx_rows_independent(isa, dtype, shape, rng):
     """On one thread, each row's dx is bit for bit the dx of that row alone, however rows are
     grouped (two at a time for 32- and 64-bit rows with a weight, one at a time alone). (A row
     that threads share sums its c in another order, so the test keeps to one thread.)"""
-    x = oracle.make_x(rng, shape, dtype)
-    gamma = oracle.make_gamma(rng, shape[-1:], dtype)
-    dy = oracle.make_x(rng, shape, dtype, spread=False)
+    x, gamma, dy = inputs(rng, shape, dtype)
     with using(isa, 1):
         _, rstd = rmsnorm.rms_norm(x, gamma)
         dx, _ = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
         for i in range(shape[0]):
             one, _ = rmsnorm.rms_norm_backward(dy[i : i + 1], x[i : i + 1], gamma, rstd[i : i + 1])
             assert oracle.bits_equal(dx[i : i + 1], one), f"row {i}"
+
+
+@pytest.mark.parametrize("shape", [(1, 70001), (3, 65539), (16, 4099)], ids=str)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("isa", ISAS)
+def test_few_rows_dgamma_independent_of_threads(isa, dtype, shape, rng):
+    """Up to 16 rows, threads split the columns, and each column of dgamma gains its rows'
+    terms in row order, as on one thread: the same bits for any thread count. dx stays within
+    the oracle's bounds (its c sums the threads' pieces in another order)."""
+    x, gamma, dy = inputs(rng, shape, dtype)
+    with using(isa, 1):
+        _, rstd = rmsnorm.rms_norm(x, gamma)
+        _, dg1 = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx64, _, scale, _ = oracle.backward(dy, x, gamma, rstd)
+    for threads in (2, 3, 4):
+        with using(isa, threads):
+            dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+        assert oracle.bits_equal(dg, dg1), f"{threads} threads"
+        oracle.assert_dx_close(dx, dx64, scale, x.dtype)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
