@@ -32,9 +32,9 @@ static inline __m512 pack2dot_bf16(__m512 acc, __m512 lo, __m512 hi) {
 
 /* Two vectors with one check of both */
 static inline void store2_bf16(void *p, __m512 a, __m512 b, int nt) {
-    __mmask16 odd = _mm512_fpclass_ps_mask(a, 0xa1) | _mm512_fpclass_ps_mask(b, 0xa1);
+    __mmask16 oa = _mm512_fpclass_ps_mask(a, 0xa1), ob = _mm512_fpclass_ps_mask(b, 0xa1);
     __m256i *q = (__m256i *)p;
-    if (__builtin_expect(odd != 0, 0)) {
+    if (__builtin_expect(!_kortestz_mask16_u8(oa, ob), 0)) { /* one KORTESTW for both */
         _mm256_storeu_si256(q, bf16x16_round(a));
         _mm256_storeu_si256(q + 1, bf16x16_round(b));
     } else if (nt) {
