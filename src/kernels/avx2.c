@@ -67,6 +67,8 @@ static inline __m256i mask64(size_t n) {
 #define V_MUL _mm256_mul_ps
 #define V_FMA _mm256_fmadd_ps
 #define A_WIDEN(l, h, v) widen_ps(&(l), &(h), (v))
+#define A_CVT(l, h, v)                                                                             \
+    ((l) = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), (h) = _mm256_cvtps_pd(_mm256_extractf128_ps((v), 1)))
 #define V_LDCP(p, n) _mm256_maskload_ps((p), mask32(n))
 #define V_STCP(p, v, n) _mm256_maskstore_ps((p), mask32(n), (v))
 
@@ -111,6 +113,7 @@ static inline __m256i mask64(size_t n) {
 #define V_MUL _mm256_mul_pd
 #define V_FMA _mm256_fmadd_pd
 #define A_WIDEN(l, h, v) ((l) = _mm256_add_pd((l), (v)))
+#define A_CVT(l, h, v) ((l) = (v))
 #define V_LDCP(p, n) _mm256_maskload_pd((p), mask64(n))
 #define V_STCP(p, v, n) _mm256_maskstore_pd((p), mask64(n), (v))
 

@@ -55,6 +55,7 @@
 #define V_MUL _mm512_mul_pd
 #define V_FMA _mm512_fmadd_pd
 #define A_WIDEN(l, h, v) ((l) = _mm512_add_pd((l), (v)))
+#define A_CVT(l, h, v) ((l) = (v))
 #define V_LDCP(p, n) _mm512_maskz_loadu_pd(M8(n), (p))
 #define V_STCP(p, v, n) _mm512_mask_storeu_pd((p), M8(n), (v))
 

@@ -59,6 +59,7 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define V_MUL _mm512_mul_ps
 #define V_FMA _mm512_fmadd_ps
 #define A_WIDEN(l, h, v) widen_ps(&(l), &(h), (v))
+#define A_CVT(l, h, v) ((l) = lo_pd(v), (h) = hi_pd(v))
 #define V_LDCP(p, n) _mm512_maskz_loadu_ps(M16(n), (p))
 #define V_STCP(p, v, n) _mm512_mask_storeu_ps((p), M16(n), (v))
 

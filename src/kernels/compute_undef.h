@@ -12,3 +12,4 @@
 #undef V_MUL
 #undef V_FMA
 #undef A_WIDEN
+#undef A_CVT

@@ -42,6 +42,7 @@ static inline void widen_ps(float64x2_t *l, float64x2_t *h, float32x4_t v) {
 #define V_MUL vmulq_f32
 #define V_FMA(a, b, c) vfmaq_f32((c), (a), (b))
 #define A_WIDEN(l, h, v) widen_ps(&(l), &(h), (v))
+#define A_CVT(l, h, v) ((l) = vcvt_f64_f32(vget_low_f32(v)), (h) = vcvt_high_f64_f32(v))
 
 #define RMS_DT 0
 #define RMS_SFX f32_neon
@@ -82,6 +83,7 @@ static inline void widen_ps(float64x2_t *l, float64x2_t *h, float32x4_t v) {
 #define V_MUL vmulq_f64
 #define V_FMA(a, b, c) vfmaq_f64((c), (a), (b))
 #define A_WIDEN(l, h, v) ((l) = vaddq_f64((l), (v)))
+#define A_CVT(l, h, v) ((l) = (v))
 
 #define RMS_DT 1
 #define RMS_SFX f64_neon

@@ -9,6 +9,7 @@
  *   V_LDC, V_STC, V_SET, V_ADD, V_SUB, V_MUL, V_FMA(a, b, c) = a * b + c, V_FENCE()
  *   A, A_ZERO, A_ADD, A_SUM   float64 accumulators (two per compute vector when C is float)
  *   A_WIDEN(l, h, v)     l, h += v widened to float64 (l += v when C is double)
+ *   A_CVT(l, h, v)       l, h = v widened to float64 (l = v when C is double)
  * and optionally masked partial accesses of n < W elements: V_LDP(p, n), V_STP(p, v, n) for the
  * storage type (undefined after each inclusion) and V_LDCP(p, n), V_STCP(p, v, n) for the
  * compute type. Without them partial vectors go through a zeroed stack buffer. Also optional:
@@ -242,7 +243,7 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, size_t 
     V vr = V_SET(r);
     A l0 = A_ZERO, h0 = A_ZERO, l1 = A_ZERO, h1 = A_ZERO;
     V u0, v0;
-    size_t i = 0;
+    size_t i = 0, blocks = 0;
     while (i + 4 * W <= n) {
         V a0 = V_SET((C)0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         size_t stop = n - i >= RMS_BLOCK * W ? i + RMS_BLOCK * W : n, start = i;
@@ -264,16 +265,19 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, size_t 
               : two        ? V_ADD(V_ADD(a0, a4), V_ADD(a1, a5))
                            : V_ADD(V_ADD(V_ADD(a0, a4), V_ADD(a1, a5)),
                                    V_ADD(V_ADD(a2, a6), V_ADD(a3, a7)));
-        A_WIDEN(l0, h0, sum);
+        if (blocks++) /* the first block sets l0, h0: +0 plus the sum is the sum */
+            A_WIDEN(l0, h0, sum);
+        else
+            A_CVT(l0, h0, sum);
     }
     for (; i + W <= n; i += W) {
         FN(factors)(a, b, w, vr, i, W, kind, &u0, &v0);
         A_WIDEN(l0, h0, V_MUL(u0, v0));
     }
-    if (i < n) {
-        FN(factors)(a, b, w, vr, i, n - i, kind, &u0, &v0);
-        A_WIDEN(l1, h1, V_MUL(u0, v0));
-    }
+    if (i == n) /* no partial vector: l1, h1 would add +0 */
+        return A_SUM(A_ADD(l0, h0));
+    FN(factors)(a, b, w, vr, i, n - i, kind, &u0, &v0);
+    A_WIDEN(l1, h1, V_MUL(u0, v0));
     return A_SUM(A_ADD(A_ADD(l0, h0), A_ADD(l1, h1)));
 }
 

@@ -19,6 +19,7 @@
 #define A_ZERO 0.0
 #define V_FMA(a, b, c) ((a) * (b) + (c))
 #define A_WIDEN(l, h, v) ((l) += (double)(v))
+#define A_CVT(l, h, v) ((l) = (double)(v))
 #define A_ADD(a, b) ((a) + (b))
 #define A_SUM(a) (a)
 
