@@ -76,7 +76,7 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                              size_t k, double eps, const int hasw, const int before,
                              const int nt) {
-    size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T)), n = 0;
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, 2), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
     double ss[RMS_GROUP];
@@ -298,7 +298,7 @@ RMS_INLINE double FN(bwd_c)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m, size_t k,
                              const int hasw, const int hasdg, const int nt) {
-    size_t g = FN(group)(2 * k), d = FN(ahead)(g, 2 * k * sizeof(T)), n = 0;
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, 2), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = RMS_GROUP > 1 && k * sizeof(T) < RMS_PIPE_BYTES;
     double c[RMS_GROUP];
