@@ -364,7 +364,7 @@ static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, s
  * prefetched into L1, 16 KiB of input ahead, rather than into L2, 64 KiB ahead: forward rows of
  * 4 to 16 KiB of 32- or 64-bit elements, whose first pass then reads from L1 while the row
  * before is scaled (float32, one thread, 8192x4096: 1.14-1.18 -> 1.03-1.07 of a copy; 8192x2048:
- * 1.16 -> 1.13). Measured slower that way: short rows (1M x 64 float32: 1.13 -> 1.27), rows of
+ * 1.16 -> 1.13; float64 8192x2048: 1.15-1.17 -> 1.05-1.07). Measured slower that way: short rows (1M x 64 float32: 1.13 -> 1.27), rows of
  * 32 KiB (8192x8192 float32: 1.10 -> 1.18; L1 cannot hold two), and the 16-bit forward, which
  * the arithmetic of its second pass limits at one thread (bfloat16 8192x4096: 1.16 -> 1.18-1.30).
  * The add and the backward gained 1-6% on rows of 4096 (not measured widely enough to switch). */
