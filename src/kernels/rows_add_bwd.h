@@ -25,11 +25,12 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, 
                              size_t head, const T *pfx, const T *pfr, const int hasw,
                              const int before, const int nt) {
     size_t i = head;
+    const int near = FN(near)(n, RMS_P_ADD);
     if (head)
         FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, 0);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
-        FN(pf2)(pfx, pfr, i);
+        FN(pf2)(pfx, pfr, i, near);
         V h0, h1, v0 = FN(add_val)(x + i, r + i, W_AT(w, i, hasw), vr, W, hasw, before, &h0);
         V v1 = FN(add_val)(x + i + W, r + i + W, W_AT(w, i + W, hasw), vr, W, hasw, before, &h1);
         V_ST2(h + i, h0, h1, nt);
@@ -37,7 +38,7 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, 
     }
 #endif
     for (; i + W <= n; i += W) {
-        FN(pf2)(pfx, pfr, i);
+        FN(pf2)(pfx, pfr, i, near);
         FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, W, hasw, before, nt);
     }
     if (i < n)
@@ -76,7 +77,7 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                              size_t k, double eps, const int hasw, const int before,
                              const int nt) {
-    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, 2), n = 0;
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
     double ss[RMS_GROUP];
@@ -136,11 +137,12 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
                              size_t n, size_t head, const T *pdy, const T *px, const int hasw,
                              const int hasdg, const int nt) {
     size_t i = head;
+    const int near = FN(near)(n, RMS_P_BWD);
     if (head)
         FN(put)(dx, FN(bwd_val)(dy, x, w, dg, vr, vnc, head, hasw, hasdg), head, 0);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
-        FN(pf2)(pdy, px, i);
+        FN(pf2)(pdy, px, i, near);
         V o0 = FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vnc, W, hasw,
                            hasdg);
         V o1 = FN(bwd_val)(dy + i + W, x + i + W, W_AT(w, i + W, hasw),
@@ -149,7 +151,7 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
     }
 #endif
     for (; i + W <= n; i += W) {
-        FN(pf2)(pdy, px, i);
+        FN(pf2)(pdy, px, i, near);
         FN(put)(dx + i,
                 FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vnc, W,
                             hasw, hasdg),
@@ -240,11 +242,12 @@ RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdif
                                   V vnc1, size_t n, size_t head, const T *pdy, const T *px,
                                   const int hasw, const int nt) {
     size_t i = head;
+    const int near = FN(near)(n, RMS_P_BWD);
     if (head)
         FN(bwd_pair_vec)(dy, dys, x, xs, dx, dxs, w, dg, vr0, vnc0, vr1, vnc1, head, hasw, 0);
     for (; i + W <= n; i += W) {
-        FN(pf2)(pdy, px, i);
-        FN(pf2)(pdy ? pdy + dys : NULL, px ? px + xs : NULL, i);
+        FN(pf2)(pdy, px, i, near);
+        FN(pf2)(pdy ? pdy + dys : NULL, px ? px + xs : NULL, i, near);
         FN(bwd_pair_vec)(dy + i, dys, x + i, xs, dx + i, dxs, W_AT(w, i, hasw), dg + i, vr0,
                          vnc0, vr1, vnc1, W, hasw, nt);
     }
@@ -298,7 +301,7 @@ RMS_INLINE double FN(bwd_c)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m, size_t k,
                              const int hasw, const int hasdg, const int nt) {
-    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, 2), n = 0;
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_BWD), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = RMS_GROUP > 1 && k * sizeof(T) < RMS_PIPE_BYTES;
     double c[RMS_GROUP];

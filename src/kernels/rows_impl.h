@@ -47,6 +47,8 @@
 enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW, RMS_DOTWS };
 /* options of a row loop, switched once per call into constants: weight, round before the
  * weight, non-temporal stores, weight in the storage type */
+/* the three passes, for their prefetch (FN(near)) */
+enum { RMS_P_FWD, RMS_P_ADD, RMS_P_BWD };
 enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
 /* The hasw constant of the loops: 0 no weight, 1 compute-type weight, RMS_HW_S storage-type
  * weight (the same loops as 1 where the two types are one). */
@@ -360,24 +362,34 @@ static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, s
     return 1;
 }
 
-/* Whether rows of k elements, of `inputs` arrays (2 for the add and the backward), are
- * prefetched into L1, 16 KiB of input ahead, rather than into L2, 64 KiB ahead: forward rows of
- * 4 to 16 KiB of 32- or 64-bit elements, whose first pass then reads from L1 while the row
- * before is scaled (float32, one thread, 8192x4096: 1.14-1.18 -> 1.03-1.07 of a copy; 8192x2048:
- * 1.16 -> 1.13; float64 8192x2048: 1.15-1.17 -> 1.05-1.07). Measured slower that way: short rows (1M x 64 float32: 1.13 -> 1.27), rows of
- * 32 KiB (8192x8192 float32: 1.10 -> 1.18; L1 cannot hold two), and the 16-bit forward, which
- * the arithmetic of its second pass limits at one thread (bfloat16 8192x4096: 1.16 -> 1.18-1.30).
- * The add and the backward gained 1-6% on rows of 4096 (not measured widely enough to switch). */
-static inline int FN(near)(size_t k, size_t inputs) {
+/* Whether the rows of k elements of a pass are prefetched into L1, 16 KiB of input ahead, rather
+ * than into L2, 64 KiB ahead: rows of 32- or 64-bit elements of 4 to 16 KiB for the forward and
+ * the add, and of 4 to 8 KiB for the backward, whose first pass then reads from L1 while the row
+ * before is scaled. Measured on one thread (two in brackets), ratio to a copy or a triad:
+ *   forward float32 8192x4096: 1.14-1.18 -> 1.03-1.07; 8192x2048: 1.16 -> 1.13; float64
+ *     8192x2048: 1.15-1.17 -> 1.05-1.07;
+ *   add float32 8192x2048: 1.00-1.10 -> 0.92-0.95; 16384x1024: 1.05 -> 0.96-0.97; 16384x4096:
+ *     1.12-1.13 -> 1.08-1.10 (1.10 -> 1.06-1.08); float64 8192x1024: 0.99-1.01 -> 0.89-0.90
+ *     (0.91-0.94 -> 0.85-0.88); float64 8192x2048 the same within noise (1.09-1.12 either way);
+ *   backward float32 16384x1024: 1.14-1.17 -> 1.04-1.08 (1.05-1.09 -> 0.98-1.00); 16384x1536:
+ *     1.21 -> 1.06 (1.15 -> 1.06-1.08); 32768x1024: 1.17-1.22 -> 1.07-1.10; 8192x2048: 1.18-1.19
+ *     -> 1.11-1.12; float64 16384x512: 0.83-0.85 -> 0.75-0.76.
+ * Measured slower that way, so left in L2: short rows (forward 1M x 64 float32: 1.13 -> 1.27;
+ * backward 32768x512 about 0.02 slower), forward rows of 32 KiB (8192x8192 float32: 1.10 -> 1.18;
+ * L1 cannot hold two), backward rows of 16 KiB (8192x4096 float32, two threads: 1.07-1.08 ->
+ * 1.11: with the partial dgamma row, five rows in flight overflow L1), and the 16-bit forward,
+ * which the arithmetic of its second pass limits at one thread (bfloat16 8192x4096: 1.16 ->
+ * 1.18-1.30). */
+static inline int FN(near)(size_t k, const int pass) {
     size_t row = k * sizeof(T);
-    return sizeof(T) >= 4 && inputs == 1 && row >= 4096 && row <= 16384;
+    return sizeof(T) >= 4 && row >= 4096 && row <= (pass == RMS_P_BWD ? 8192 : 16384);
 }
 
 /* Prefetches offset i of two rows (the next inputs of the add or the backward), if any. */
-RMS_INLINE void FN(pf2)(const T *a, const T *b, size_t i) {
+RMS_INLINE void FN(pf2)(const T *a, const T *b, size_t i, const int near) {
     if (a) {
-        RMS_PREFETCH(a + i, 0);
-        RMS_PREFETCH(b + i, 0);
+        RMS_PREFETCH(a + i, near);
+        RMS_PREFETCH(b + i, near);
     }
 }
 
@@ -405,7 +417,7 @@ RMS_INLINE void FN(put)(T *y, V v, size_t t, const int nt) {
 RMS_INLINE void FN(scale_span)(const T *x, T *y, const void *w, V vr, size_t n, size_t head,
                                const T *pf, const int hasw, const int before, const int nt) {
     size_t i = head;
-    const int near = FN(near)(n, 1);
+    const int near = FN(near)(n, RMS_P_FWD);
     if (head)
         FN(put)(y, FN(scale_val)(x, w, vr, head, hasw, before), head, 0);
 #ifdef V_ST2
@@ -456,9 +468,9 @@ static inline size_t FN(group)(size_t k) {
 
 /* How many rows ahead the second pass prefetches (at least a group), so that memory stays busy
  * while the first pass of the rows between runs from cache. */
-static inline size_t FN(ahead)(size_t g, size_t k, size_t inputs) {
-    size_t bytes = k * sizeof(T) * inputs;
-    size_t reach = FN(near)(k, inputs) ? 16 * 1024 : 64 * 1024;
+static inline size_t FN(ahead)(size_t g, size_t k, const int pass) {
+    size_t bytes = k * sizeof(T) * (pass == RMS_P_FWD ? 1 : 2);
+    size_t reach = FN(near)(k, pass) ? 16 * 1024 : 64 * 1024;
     size_t d = (reach + bytes - 1) / (bytes ? bytes : 1);
     return d < g ? g : d;
 }
@@ -488,7 +500,7 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
 RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const void *w, C *rstd,
                              size_t m, size_t k, double eps, const int hasw, const int before,
                              const int nt) {
-    size_t g = FN(group)(k), d = FN(ahead)(g, k, 1), n = 0;
+    size_t g = FN(group)(k), d = FN(ahead)(g, k, RMS_P_FWD), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
     double ss[RMS_GROUP];
