@@ -89,6 +89,7 @@ static inline __m256i mask64(size_t n) {
 #define V_ST(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph((v), RMS_F16_RNE))
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), _mm256_cvtps_ph((v), RMS_F16_RNE))
 #define V_STB 16
+#define V_CPNT(p, q) _mm_stream_si128((__m128i *)(p), _mm_loadu_si128((const __m128i *)(q)))
 #define V_RND(v) _mm256_cvtph_ps(_mm256_cvtps_ph((v), RMS_F16_RNE))
 #include "rows_impl.h"
 
@@ -98,6 +99,7 @@ static inline __m256i mask64(size_t n) {
 #define V_ST(p, v) _mm_storeu_si128((__m128i *)(p), bf16x8_round(v))
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), bf16x8_round(v))
 #define V_STB 16
+#define V_CPNT(p, q) _mm_stream_si128((__m128i *)(p), _mm_loadu_si128((const __m128i *)(q)))
 #define V_RND(v) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16x8_round(v)), 16))
 #include "rows_impl.h"
 

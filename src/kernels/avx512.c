@@ -26,6 +26,7 @@
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph((v), RMS_F16_RNE))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), _mm512_cvtps_ph((v), RMS_F16_RNE))
 #define V_STB 32
+#define V_CPNT V_CPNT_32
 #define V_RND(v) _mm512_cvtph_ps(_mm512_cvtps_ph((v), RMS_F16_RNE))
 #define V_LDP(p, n) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(M16(n), (p)))
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), _mm512_cvtps_ph((v), RMS_F16_RNE))
@@ -37,6 +38,7 @@
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round(v))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round(v))
 #define V_STB 32
+#define V_CPNT V_CPNT_32
 #define V_RND(v)                                                                               \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_round(v)), 16))
 #define V_LDP V_LDP_BF16

@@ -53,6 +53,7 @@ static inline void store2_bf16(void *p, __m512 a, __m512 b, int nt) {
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round_native(v))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round_native(v))
 #define V_STB 32
+#define V_CPNT V_CPNT_32
 #define V_RND(v)                                                                               \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_round_native(v)), 16))
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round_native(v))

@@ -72,11 +72,138 @@ RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, 
         FN(add_span)(xr, rr, hr, yr, w, vr, k, 0, px, pr, hasw, before, 0);
 }
 
+/* The staged add of 16-bit rows. Rounding h = x + r to a 16-bit type costs more arithmetic than
+ * reading the row again, and the plain add rounds every h twice, once per pass. Rows of up to
+ * RMS_STAGE_MAX elements instead round h once into a stage: the first pass writes the stage and
+ * sums its squares as the forward does; the second scales the stage into y as the forward does,
+ * and copies it into h. The bits are the same either way, and h, y may alias x or r. One thread,
+ * ratio to copying the bytes (two reads, two writes), plain -> staged:
+ *   bfloat16, AVX512-BF16: 8192x4096 1.44-1.56 -> 1.26-1.33; 65536x512 1.48-1.49 -> 1.24-1.26;
+ *     1M x 64 1.53-1.59 -> 1.34-1.42; 2048x16384 1.63-1.66 -> 1.51-1.52; 256x65536
+ *     1.53-1.55 -> 1.40-1.49 (two threads 1.37-1.42 -> 1.21-1.31);
+ *   bfloat16, AVX2: 8192x4096 3.19-3.34 -> 2.03-2.07;
+ *   float16, AVX-512: 8192x4096 1.34-1.37 -> 1.32-1.39; 65536x512 1.37-1.38 -> 1.27-1.28.
+ * The stage lives on the stack up to RMS_STAGE elements (L1), in a heap row above (L2); longer
+ * rows measured no faster staged (128x131072 bfloat16: 1.58-1.60 either way). */
+#define RMS_STAGE 8192
+#define RMS_STAGE_MAX 65536
+
+/* Row i of a (stride s) when i < m, else NULL: the row to prefetch, if any. */
+RMS_INLINE const T *FN(row_if)(const T *a, ptrdiff_t s, size_t i, size_t m) {
+    return i < m ? a + (ptrdiff_t)i * s : NULL;
+}
+
+/* h = round(x + r) of k elements into s, prefetching the rows pfx and pfr (if any); returns the
+ * sum of squares of s. */
+RMS_INLINE double FN(stage_row)(const T *x, const T *r, T *s, size_t k, const T *pfx,
+                                const T *pfr) {
+    size_t i = 0;
+#ifdef V_ST2
+    for (; i + 2 * W <= k; i += 2 * W) {
+        FN(pf2)(pfx, pfr, i, 0);
+        V_ST2(s + i, V_ADD(V_LD(x + i), V_LD(r + i)), V_ADD(V_LD(x + i + W), V_LD(r + i + W)), 0);
+    }
+#endif
+    for (; i + W <= k; i += W) {
+        FN(pf2)(pfx, pfr, i, 0);
+        V_ST(s + i, V_ADD(V_LD(x + i), V_LD(r + i)));
+    }
+    if (i < k)
+        V_STP(s + i, V_ADD(V_LDP(x + i, k - i), V_LDP(r + i, k - i)), k - i);
+    return FN(reduce)(s, NULL, NULL, (C)1, k, RMS_SQ);
+}
+
+/* Copies n elements of s into h, the full vectors from `head` on non-temporally when nt (V_CPNT:
+ * V_STB bytes), prefetching the row pf (if any). */
+RMS_INLINE void FN(copy_span)(const T *s, T *h, size_t n, size_t head, const T *pf,
+                              const int nt) {
+    size_t i = 0;
+    if (nt) {
+        memcpy(h, s, head * sizeof(T));
+        i = head;
+    }
+    for (; i + 2 * W <= n; i += 2 * W) {
+        if (pf)
+            RMS_PREFETCH(pf + i, 0);
+        if (nt) {
+            V_CPNT(h + i, s + i);
+            V_CPNT(h + i + W, s + i + W);
+        } else {
+            memcpy(h + i, s + i, 2 * W * sizeof(T));
+        }
+    }
+    memcpy(h + i, s + i, (n - i) * sizeof(T));
+}
+
+/* The second pass of a staged row (stage s, rstd rs): y from s as the forward scales x, then
+ * h = s, prefetching the rows px and pr (if any), one in each loop. */
+RMS_INLINE void FN(staged_row)(const T *s, T *h, T *y, const void *w, C rs, size_t k, const T *px,
+                               const T *pr, const int hasw, const int before, const int nt) {
+    size_t head;
+    if (nt && FN(plan_stream)(y, NULL, k, RMS_STREAM, &head))
+        FN(scale_span)(s, y, w, V_SET(rs), k, head, px, hasw, before, nt);
+    else
+        FN(scale_span)(s, y, w, V_SET(rs), k, 0, px, hasw, before, 0);
+    if (nt && FN(plan_stream)(h, NULL, k, RMS_STREAM, &head))
+        FN(copy_span)(s, h, k, head, pr, nt);
+    else
+        FN(copy_span)(s, h, k, 0, pr, 0);
+}
+
+/* add_loop for 16-bit rows of up to RMS_STAGE elements. Short rows are pipelined by group as
+ * there, each group staged into one half of the stage while the rows of the other are scaled,
+ * and the second pass prefetches. Longer rows prefetch in the first pass, which does the more
+ * arithmetic here (bfloat16 8192x4096, one thread: 1.32-1.34 -> 1.26 of its copies; short rows
+ * measured 0.02-0.04 slower that way). */
+RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
+                               ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
+                               size_t k, double eps, const int hasw, const int before,
+                               const int nt) {
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD), n = 0;
+    const double inv_k = rms_inv_pow2(k);
+    const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
+    const size_t half = pipe ? RMS_STAGE / 2 : 0; /* g * k < RMS_STAGE / 2 for short rows */
+    const size_t pf1 = pipe ? 0 : d, pf2 = pipe ? d : 0; /* 0: no prefetch in that pass */
+    double ss[RMS_GROUP];
+    for (size_t i = 0, p = 0; i < m; i += g, p ^= half) {
+        T *cur = st + p, *nxt = st + (p ^ half);
+        if (!pipe || i == 0) {
+            n = rms_group_rows(i, m, g);
+            for (size_t j = 0; j < n; j++)
+                ss[j] = FN(stage_row)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs,
+                                      cur + j * k, k, FN(row_if)(x, xs, i + j + pf1, pf1 ? m : 0),
+                                      FN(row_if)(r, rs, i + j + pf1, pf1 ? m : 0));
+        }
+        for (size_t j = 0; j < n; j++)
+            rstd[i + j] = (C)FN(rstd)(ss[j], cur + j * k, NULL, k, eps, inv_k);
+        size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
+        for (size_t j = 0; j < n; j++) {
+            if (j < n2)
+                ss[j] = FN(stage_row)(x + (ptrdiff_t)(next + j) * xs,
+                                      r + (ptrdiff_t)(next + j) * rs, nxt + j * k, k, NULL, NULL);
+            FN(staged_row)(cur + j * k, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys,
+                           w, rstd[i + j], k, FN(row_if)(x, xs, i + j + pf2, pf2 ? m : 0),
+                           FN(row_if)(r, rs, i + j + pf2, pf2 ? m : 0), hasw, before, nt);
+        }
+        n = n2;
+    }
+}
+
 /* Pipelined by group for short rows, as fwd_loop is. */
 RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                              size_t k, double eps, const int hasw, const int before,
                              const int nt) {
+    if (sizeof(T) == 2 && k <= RMS_STAGE_MAX) {
+        T buf[RMS_STAGE] __attribute__((aligned(64)));
+        T *st = k <= RMS_STAGE ? buf : aligned_alloc(64, (k * sizeof(T) + 63) / 64 * 64);
+        if (st) {
+            FN(add_staged)(st, x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, hasw, before, nt);
+            if (st != buf)
+                free(st);
+            return;
+        }
+    }
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;

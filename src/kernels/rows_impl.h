@@ -22,6 +22,7 @@
  * far more accurate than the float32 the result is stored in. */
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifndef RMS_IMPL_ONCE
@@ -148,6 +149,10 @@ RMS_INLINE void FN(stp)(T *p, V v, size_t n) {
 }
 #define V_LDP(p, n) FN(ldp)((p), (n))
 #define V_STP(p, v, n) FN(stp)((p), (v), (n))
+#endif
+#ifndef V_CPNT
+#define RMS_OWN_CPNT
+#define V_CPNT(p, q) memcpy((p), (q), V_STB)
 #endif
 #ifndef V_LDCP
 #define RMS_OWN_LDCP
@@ -552,6 +557,8 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
 #undef V_ST2
 #undef V_PACK2DOT
 #undef RMS_KIND_DOT2
+#undef V_CPNT
+#undef RMS_OWN_CPNT
 #ifdef RMS_OWN_LDCP
 #undef RMS_OWN_LDCP
 #undef V_LDCP
