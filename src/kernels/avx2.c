@@ -68,7 +68,10 @@ static inline __m256i mask64(size_t n) {
 #define V_FMA _mm256_fmadd_ps
 #define A_WIDEN(l, h, v) widen_ps(&(l), &(h), (v))
 #define A_CVT(l, h, v)                                                                             \
-    ((l) = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), (h) = _mm256_cvtps_pd(_mm256_extractf128_ps((v), 1)))
+    ((l) = _mm256_cvtps_pd(_mm256_castps256_ps128(v)),                                             \
+     (h) = _mm256_cvtps_pd(_mm256_extractf128_ps((v), 1)))
+/* a raw non-temporal copy of 16 bytes (V_STB of the 16-bit types) */
+#define V_CPNT_16(p, q) _mm_stream_si128((__m128i *)(p), _mm_loadu_si128((const __m128i *)(q)))
 #define V_LDCP(p, n) _mm256_maskload_ps((p), mask32(n))
 #define V_STCP(p, v, n) _mm256_maskstore_ps((p), mask32(n), (v))
 
@@ -89,7 +92,7 @@ static inline __m256i mask64(size_t n) {
 #define V_ST(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph((v), RMS_F16_RNE))
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), _mm256_cvtps_ph((v), RMS_F16_RNE))
 #define V_STB 16
-#define V_CPNT(p, q) _mm_stream_si128((__m128i *)(p), _mm_loadu_si128((const __m128i *)(q)))
+#define V_CPNT V_CPNT_16
 #define V_RND(v) _mm256_cvtph_ps(_mm256_cvtps_ph((v), RMS_F16_RNE))
 #include "rows_impl.h"
 
@@ -99,7 +102,7 @@ static inline __m256i mask64(size_t n) {
 #define V_ST(p, v) _mm_storeu_si128((__m128i *)(p), bf16x8_round(v))
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), bf16x8_round(v))
 #define V_STB 16
-#define V_CPNT(p, q) _mm_stream_si128((__m128i *)(p), _mm_loadu_si128((const __m128i *)(q)))
+#define V_CPNT V_CPNT_16
 #define V_RND(v) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16x8_round(v)), 16))
 #include "rows_impl.h"
 

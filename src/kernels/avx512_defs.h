@@ -63,9 +63,11 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define V_LDCP(p, n) _mm512_maskz_loadu_ps(M16(n), (p))
 #define V_STCP(p, v, n) _mm512_mask_storeu_ps((p), M16(n), (v))
 
-/* bfloat16 storage macros shared by the integer-rounding and the native-conversion variants */
 /* a raw non-temporal copy of 32 bytes (V_STB of the 16-bit types) */
-#define V_CPNT_32(p, q) _mm256_stream_si256((__m256i *)(p), _mm256_loadu_si256((const __m256i *)(q)))
+#define V_CPNT_32(p, q)                                                                            \
+    _mm256_stream_si256((__m256i *)(p), _mm256_loadu_si256((const __m256i *)(q)))
+
+/* bfloat16 storage macros shared by the integer-rounding and the native-conversion variants */
 #define V_LD_BF16(p) bf16x16_widen(_mm256_loadu_si256((const __m256i *)(p)))
 #define V_LDP_BF16(p, n) bf16x16_widen(_mm256_maskz_loadu_epi16(M16(n), (p)))
 

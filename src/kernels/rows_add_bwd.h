@@ -62,8 +62,7 @@ RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, 
                             const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs, *rr = r + (ptrdiff_t)i * rs;
     T *hr = h + (ptrdiff_t)i * hs, *yr = y + (ptrdiff_t)i * ys;
-    int last = i + d >= m;
-    const T *px = last ? NULL : xr + (ptrdiff_t)d * xs, *pr = last ? NULL : rr + (ptrdiff_t)d * rs;
+    const T *px = FN(row_ahead)(x, xs, i, d, m), *pr = FN(row_ahead)(r, rs, i, d, m);
     size_t head;
     V vr = V_SET(rstd[i]);
     if (nt && FN(plan_stream)(yr, hr, k, RMS_STREAM, &head))
@@ -87,11 +86,6 @@ RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, 
  * rows measured no faster staged (128x131072 bfloat16: 1.58-1.60 either way). */
 #define RMS_STAGE 8192
 #define RMS_STAGE_MAX 65536
-
-/* Row i of a (stride s) when i < m, else NULL: the row to prefetch, if any. */
-RMS_INLINE const T *FN(row_if)(const T *a, ptrdiff_t s, size_t i, size_t m) {
-    return i < m ? a + (ptrdiff_t)i * s : NULL;
-}
 
 /* h = round(x + r) of k elements into s, prefetching the rows pfx and pfr (if any); returns the
  * sum of squares of s. */
@@ -150,7 +144,7 @@ RMS_INLINE void FN(staged_row)(const T *s, T *h, T *y, const void *w, C rs, size
         FN(copy_span)(s, h, k, 0, pr, 0);
 }
 
-/* add_loop for 16-bit rows of up to RMS_STAGE elements. Short rows are pipelined by group as
+/* add_loop for 16-bit rows of up to RMS_STAGE_MAX elements. Short rows are pipelined by group as
  * there, each group staged into one half of the stage while the rows of the other are scaled,
  * and the second pass prefetches. Longer rows prefetch in the first pass, which does the more
  * arithmetic here (bfloat16 8192x4096, one thread: 1.32-1.34 -> 1.26 of its copies; short rows
@@ -171,8 +165,8 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
             n = rms_group_rows(i, m, g);
             for (size_t j = 0; j < n; j++)
                 ss[j] = FN(stage_row)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs,
-                                      cur + j * k, k, FN(row_if)(x, xs, i + j + pf1, pf1 ? m : 0),
-                                      FN(row_if)(r, rs, i + j + pf1, pf1 ? m : 0));
+                                      cur + j * k, k, FN(row_ahead)(x, xs, i + j, pf1, m),
+                                      FN(row_ahead)(r, rs, i + j, pf1, m));
         }
         for (size_t j = 0; j < n; j++)
             rstd[i + j] = (C)FN(rstd)(ss[j], cur + j * k, NULL, k, eps, inv_k);
@@ -182,8 +176,8 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
                 ss[j] = FN(stage_row)(x + (ptrdiff_t)(next + j) * xs,
                                       r + (ptrdiff_t)(next + j) * rs, nxt + j * k, k, NULL, NULL);
             FN(staged_row)(cur + j * k, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys,
-                           w, rstd[i + j], k, FN(row_if)(x, xs, i + j + pf2, pf2 ? m : 0),
-                           FN(row_if)(r, rs, i + j + pf2, pf2 ? m : 0), hasw, before, nt);
+                           w, rstd[i + j], k, FN(row_ahead)(x, xs, i + j, pf2, m),
+                           FN(row_ahead)(r, rs, i + j, pf2, m), hasw, before, nt);
         }
         n = n2;
     }
@@ -338,9 +332,7 @@ RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
                             const int nt) {
     const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
     T *dxr = dx + (ptrdiff_t)i * dxs;
-    int last = i + d >= m;
-    const T *pdy = last ? NULL : dyr + (ptrdiff_t)d * dys,
-            *px = last ? NULL : xr + (ptrdiff_t)d * xs;
+    const T *pdy = FN(row_ahead)(dy, dys, i, d, m), *px = FN(row_ahead)(x, xs, i, d, m);
     V vr = V_SET(rstd[i]), vnc = V_SET((C)-c);
     size_t head;
     if (nt && FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head))

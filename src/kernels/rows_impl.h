@@ -46,10 +46,10 @@
 /* the row reductions: sum x^2, sum round(x + r)^2, sum dy * x, sum dy * w * x (w in the
  * compute type, or in the storage type: RMS_DOTWS) */
 enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW, RMS_DOTWS };
-/* options of a row loop, switched once per call into constants: weight, round before the
- * weight, non-temporal stores, weight in the storage type */
 /* the three passes, for their prefetch (FN(near)) */
 enum { RMS_P_FWD, RMS_P_ADD, RMS_P_BWD };
+/* options of a row loop, switched once per call into constants: weight, round before the
+ * weight, non-temporal stores, weight in the storage type */
 enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
 /* The hasw constant of the loops: 0 no weight, 1 compute-type weight, RMS_HW_S storage-type
  * weight (the same loops as 1 where the two types are one). */
@@ -390,6 +390,12 @@ static inline int FN(near)(size_t k, const int pass) {
     return sizeof(T) >= 4 && row >= 4096 && row <= (pass == RMS_P_BWD ? 8192 : 16384);
 }
 
+/* Row i + d of a (stride s), the row to prefetch, or NULL when there is none (d == 0: no
+ * prefetch, or i + d >= m: past the last row). */
+RMS_INLINE const T *FN(row_ahead)(const T *a, ptrdiff_t s, size_t i, size_t d, size_t m) {
+    return d && i + d < m ? a + (ptrdiff_t)(i + d) * s : NULL;
+}
+
 /* Prefetches offset i of two rows (the next inputs of the add or the backward), if any. */
 RMS_INLINE void FN(pf2)(const T *a, const T *b, size_t i, const int near) {
     if (a) {
@@ -487,7 +493,7 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
                             const C *rstd, size_t i, size_t m, size_t k, size_t d, const int hasw,
                             const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs;
-    const T *pf = i + d < m ? xr + (ptrdiff_t)d * xs : NULL;
+    const T *pf = FN(row_ahead)(x, xs, i, d, m);
     T *yr = y + (ptrdiff_t)i * ys;
     size_t head;
     if (nt && FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head))
