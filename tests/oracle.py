@@ -39,6 +39,9 @@ TAILS = (1, 7, 15, 16, 17, 33, 1025, 4097, 17389)
 # (id, x shape, gamma shape): row lengths that hit every SIMD tail, plus the odd cases
 SHAPES = [(f"N{n}", (5, n), (n,)) for n in TAILS] + [
     ("N65539", (3, 65539), (65539,)),
+    # short rows of the lengths the 16-bit add and backward compile as constants, over groups
+    ("N64", (40, 64), (64,)),
+    ("N128", (40, 128), (128,)),
     ("zero_rows", (0, 8), (8,)),
     ("1d", (37,), (37,)),
     ("gamma2d", (3, 5, 6, 7), (6, 7)),

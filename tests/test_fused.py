@@ -10,8 +10,8 @@ from oracle import ALL_DTYPES, F64, SHAPES, dtype_id
 
 import rmsnorm
 
-FUSED_SHAPES = [s for s in SHAPES if s[0] in ("N1", "N7", "N16", "N33", "N1025", "N17389",
-                                              "zero_rows", "1d", "gamma2d", "long_rows")]
+FUSED_SHAPES = [s for s in SHAPES if s[0] in ("N1", "N7", "N16", "N33", "N64", "N128", "N1025",
+                                              "N17389", "zero_rows", "1d", "gamma2d", "long_rows")]
 OFFSETS = (0.0, 1.0)
 
 

@@ -228,8 +228,9 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
                          size_t m, size_t k, double eps, int flags) {
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,                    \
-                 (C *)rstd, m, k, eps, hw, bf, nt)
+    RMS_KSW(sizeof(T) == 2 && (hw) && !(bf), k,                                                    \
+            FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,            \
+                         (C *)rstd, m, KK, eps, hw, bf, nt))
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
@@ -455,8 +456,9 @@ static void FN(bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t
                          size_t k, int flags) {
     int opt = FN(bwd_opt)(w, dg, flags, flags & RMS_STREAM);
 #define RMS_X(hw, hg, nt)                                                                          \
-    FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w,                            \
-                 (const C *)rstd, (C *)dg, m, k, hw, hg, nt)
+    RMS_KSW(sizeof(T) == 2 && (hw) && (hg) == 1, k,                                                \
+            FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w,                    \
+                         (const C *)rstd, (C *)dg, m, KK, hw, hg, nt))
     RMS_SWITCH_BWD(opt, flags, RMS_X);
 #undef RMS_X
 }
