@@ -79,8 +79,8 @@ enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
  * of 64 and 128 elements (per-head norms) when `on` (a constant), else with KK = k: its loops
  * then unroll and the fixed cost of each row shrinks. Used for the 16-bit add and backward with a
  * weight (and dgamma), where it measured faster from memory as well as in cache (VM, one thread,
- * bfloat16 1M x 64: backward 1.22-1.25 -> 1.12-1.14 of a triad, add 1.37-1.40 -> 1.27 of two
- * copies). The forward measured faster in cache only, and float32 rows no faster. */
+ * bfloat16 1M x 64, ratio to two copies: backward 1.18-1.25 -> 1.10-1.14, add 1.34-1.40 ->
+ * 1.25-1.27). The forward measured faster in cache only, and float32 rows no faster. */
 #define RMS_KSW(on, k, CALL)                                                                       \
     do {                                                                                           \
         if ((on) && (k) == 64) {                                                                   \
