@@ -6,6 +6,7 @@ compiler cannot target is simply left out and the build falls back to what it ca
 Set RMSNORM_WERROR=1 to turn warnings into errors (CI does).
 """
 
+import concurrent.futures
 import glob
 import os
 import platform
@@ -101,6 +102,23 @@ class BuildExt(build_ext):
             ext.extra_compile_args = flags
             ext.extra_link_args = link + os.environ.get("RMSNORM_EXTRA_LDFLAGS", "").split()
         super().build_extensions()
+
+    def build_extension(self, ext):
+        # The kernel files take minutes each to compile (one instantiation per dtype x ISA x
+        # option set), and distutils compiles the sources of an extension one after another:
+        # compile them on as many CPUs as there are, then let distutils link what it finds.
+        jobs = min(len(ext.sources), os.cpu_count() or 1)
+        if jobs > 1 and not hasattr(self.compiler, "_rms_serial_compile"):
+            serial = self.compiler.compile
+            self.compiler._rms_serial_compile = serial
+
+            def compile_parallel(sources, *args, **kwargs):
+                with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+                    parts = pool.map(lambda src: serial([src], *args, **kwargs), sources)
+                    return [obj for objs in parts for obj in objs]
+
+            self.compiler.compile = compile_parallel
+        super().build_extension(ext)
 
     def run(self):
         super().run()

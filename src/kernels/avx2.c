@@ -11,26 +11,110 @@
 #include "kernels.h"
 #include "convert.h"
 
+/* 8 bfloat16 values widened: the 16 bytes are broadcast to both halves (a load, no shuffle) and
+ * one in-lane byte shuffle moves each value into the high half of its lane, where a widening
+ * move and a shift would take two of the ports that shifts and shuffles share on some cores. */
 static inline __m256 bf16x8_load(const uint16_t *p) {
-    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    const __m256i ctl = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
+                                         -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14,
+                                         15);
+    __m256i u = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_shuffle_epi8(u, ctl));
+}
+
+/* 8 floats rounded to nearest even on the integer bits: the bfloat16 bits are the high half of
+ * each lane (the low half is left over). NaN is left to the caller. The rounding bit is found by
+ * a mask and a compare rather than a shift: shifts and shuffles share two of the vector ports on
+ * some cores, and the conversions need both. */
+static inline __m256i bf16x8_rne_hi(__m256 v) {
+    __m256i b = _mm256_castps_si256(v), lsb = _mm256_set1_epi32(0x10000);
+    __m256i odd = _mm256_cmpeq_epi32(_mm256_and_si256(b, lsb), lsb); /* -1 where the lsb is 1 */
+    return _mm256_sub_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), odd);
 }
 
 /* Round to nearest even on the integer bits; NaN becomes the canonical quiet NaN. */
 static inline __m128i bf16x8_round(__m256 v) {
-    __m256i b = _mm256_castps_si256(v);
-    __m256i hi = _mm256_srli_epi32(b, 16);
-    __m256i bias = _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)),
-                                    _mm256_set1_epi32(0x7fff));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, bias), 16);
-    __m256i qnan = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x8000)),
-                                   _mm256_set1_epi32(0x7fc0));
-    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    __m256i qnan = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 16), _mm256_set1_epi32(0x8000)),
+        _mm256_set1_epi32(0x7fc0));
+    __m256i r = _mm256_blendv_epi8(_mm256_srli_epi32(bf16x8_rne_hi(v), 16), qnan,
+                                   _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
     __m256i packed = _mm256_packus_epi32(r, r); /* per 128-bit lane: r0-3 r0-3 | r4-7 r4-7 */
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
+/* v rounded to bfloat16 and widened back (bf16x8_round's bits in the high halves), with no
+ * shuffle: the rounded bits are masked in place. */
+static inline __m256 bf16x8_rnd(__m256 v) {
+    __m256i b = _mm256_castps_si256(v);
+    __m256i r = _mm256_and_si256(bf16x8_rne_hi(v), _mm256_set1_epi32((int)0xffff0000u));
+    __m256i qnan = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32((int)0x80000000u)),
+                                   _mm256_set1_epi32(0x7fc00000));
+    return _mm256_castsi256_ps(
+        _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))));
+}
+
+/* 16 floats rounded to bfloat16 and stored at p: one NaN check of both vectors, one pack and one
+ * 32-byte store (two 16-byte streams when nt: p is only 16-byte aligned then). A vector pair
+ * holding a NaN takes bf16x8_round, so the bits are the same either way. */
+static inline void store2_bf16(void *p, __m256 a, __m256 b, int nt) {
+    __m128i *q = (__m128i *)p;
+    __m256 nan = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
+    if (__builtin_expect(!_mm256_testz_ps(nan, nan), 0)) {
+        _mm_storeu_si128(q, bf16x8_round(a));
+        _mm_storeu_si128(q + 1, bf16x8_round(b));
+        return;
+    }
+    /* the high halves of a into the low 8 bytes of each 128-bit lane, those of b into the high */
+    const __m256i lo = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i hi = _mm256_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 6, 7, 10, 11, 14, 15,
+                                        -1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 6, 7, 10, 11, 14, 15);
+    __m256i u = _mm256_or_si256(_mm256_shuffle_epi8(bf16x8_rne_hi(a), lo),
+                                _mm256_shuffle_epi8(bf16x8_rne_hi(b), hi));
+    u = _mm256_permute4x64_epi64(u, 0xd8); /* a0-3 b0-3 | a4-7 b4-7 -> a0-7 | b0-7 */
+    if (nt) {
+        _mm_stream_si128(q, _mm256_castsi256_si128(u));
+        _mm_stream_si128(q + 1, _mm256_extracti128_si256(u, 1));
+    } else {
+        _mm256_storeu_si256((__m256i *)p, u);
+    }
+}
+
 #define RMS_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+/* Pairwise sums of squares of 16 bfloat16 values at p: lane j gains the squares of elements 2j
+ * and 2j + 1, which one 32-byte load gives by a shift (the even elements) and a mask (the odd),
+ * rather than two widening loads and two shifts. */
+static inline __m256 dot2_bf16(__m256 acc, const void *p) {
+    __m256i u = _mm256_loadu_si256((const __m256i *)p);
+    __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    __m256 o = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+    return _mm256_fmadd_ps(o, o, _mm256_fmadd_ps(e, e, acc));
+}
+
+/* dot2_bf16 of the 16 values lo (elements 0-7) and hi (8-15), bfloat16 values already, with the
+ * same pairs in the same lanes, so the two give the same bits. */
+static inline __m256 pack2dot_bf16(__m256 acc, __m256 lo, __m256 hi) {
+    /* lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6 -> lo0 lo2 lo4 lo6 hi0 hi2 hi4 hi6, and the odd ones */
+    __m256 e = _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xd8));
+    __m256 o = _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xdd)), 0xd8));
+    return _mm256_fmadd_ps(o, o, _mm256_fmadd_ps(e, e, acc));
+}
+
+/* 16 floats rounded to float16 and stored at p, as store2_bf16 does */
+static inline void store2_f16(void *p, __m256 a, __m256 b, int nt) {
+    __m128i *q = (__m128i *)p, lo = _mm256_cvtps_ph(a, RMS_F16_RNE);
+    __m128i hi = _mm256_cvtps_ph(b, RMS_F16_RNE);
+    if (nt) {
+        _mm_stream_si128(q, lo);
+        _mm_stream_si128(q + 1, hi);
+    } else {
+        _mm256_storeu_si256((__m256i *)p, _mm256_set_m128i(hi, lo));
+    }
+}
 
 static inline void widen_ps(__m256d *l, __m256d *h, __m256 v) {
     *l = _mm256_add_pd(*l, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
@@ -93,6 +177,7 @@ static inline __m256i mask64(size_t n) {
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), _mm256_cvtps_ph((v), RMS_F16_RNE))
 #define V_STB 16
 #define V_CPNT V_CPNT_16
+#define V_ST2(p, a, b, nt) store2_f16((p), (a), (b), (nt))
 #define V_RND(v) _mm256_cvtph_ps(_mm256_cvtps_ph((v), RMS_F16_RNE))
 #include "rows_impl.h"
 
@@ -103,7 +188,10 @@ static inline __m256i mask64(size_t n) {
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), bf16x8_round(v))
 #define V_STB 16
 #define V_CPNT V_CPNT_16
-#define V_RND(v) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16x8_round(v)), 16))
+#define V_ST2(p, a, b, nt) store2_bf16((p), (a), (b), (nt))
+#define V_DOT2(acc, p) dot2_bf16((acc), (const void *)(p))
+#define V_PACK2DOT(acc, lo, hi) pack2dot_bf16((acc), (lo), (hi))
+#define V_RND(v) bf16x8_rnd(v)
 #include "rows_impl.h"
 
 /* double compute: f64 */
