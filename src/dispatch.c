@@ -51,10 +51,24 @@ static const rms_isa_table *available[RMS_MAX_ISAS];
 static rms_isa_table avx512; /* rms_isa_avx512, with native bfloat16 rounding where available */
 #endif
 static int n_available;
+static int pairs_aliased = 1;
 static const rms_isa_table *current = &rms_isa_scalar;
+
+#if defined(__x86_64__) || defined(__i386__)
+static int x86_is_intel(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u &&
+           c == 0x6c65746eu; /* "GenuineIntel" */
+}
+#endif
+
+int rms_cpu_pairs_aliased(void) { return pairs_aliased; }
 
 void rms_dispatch_init(void) {
     int n = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    pairs_aliased = x86_is_intel();
+#endif
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512()) {
         avx512 = rms_isa_avx512;

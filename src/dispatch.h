@@ -14,6 +14,9 @@ int rms_isa_list(const rms_isa_table *out[RMS_MAX_ISAS]);
 const rms_isa_table *rms_isa_find(const char *name);
 /* The table in use. Reads and writes are atomic, so calls in flight keep the table they read. */
 const rms_isa_table *rms_isa_current(void);
+/* Whether the backward may pair rows that share their offsets within 4 KiB pages (see
+ * rms_backward): on Intel CPUs, where pairing measured faster, and on CPUs other than x86. */
+int rms_cpu_pairs_aliased(void);
 void rms_isa_select(const rms_isa_table *t);
 
 #endif

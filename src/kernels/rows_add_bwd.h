@@ -416,11 +416,12 @@ RMS_INLINE double FN(bwd_c)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
  * 64-bit rows measured slower that way (float32 1.05 -> 1.07). Accumulating dgamma, they go two
  * at a time through the second pass instead, which loads the weight and the dgamma row once for
  * both (float32, one thread: 64 x 4096 from 176 to 147 us, 512 x 12288 from 7.7 to 6.9 ms,
- * 8192 x 4096 2% faster); 16-bit rows keep their paired-vector stores one row at a time. */
+ * 8192 x 4096 2% faster); 16-bit rows keep their paired-vector stores one row at a time. Pairs
+ * run where the driver asks (RMS_ROW_PAIRS, `pairs`): see rms_backward. */
 #define RMS_BWD_PAIRS (sizeof(T) >= 4)
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m, size_t k,
-                             const int hasw, const int hasdg, const int nt) {
+                             const int hasw, const int hasdg, const int nt, const int pairs) {
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_BWD), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = RMS_GROUP > 1 && k * sizeof(T) < RMS_PIPE_BYTES;
@@ -431,7 +432,7 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
             for (size_t j = 0; j < n; j++)
                 c[j] = FN(bwd_c)(dy, dys, x, xs, w, rstd, i + j, k, inv_k, hasw);
         }
-        if (RMS_BWD_PAIRS && !pipe && hasdg == 1 && i + 1 < m) {
+        if (RMS_BWD_PAIRS && pairs && !pipe && hasdg == 1 && i + 1 < m) {
             double c1 = FN(bwd_c)(dy, dys, x, xs, w, rstd, i + 1, k, inv_k, hasw);
             FN(bwd_pair)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c[0], c1, i, m, k, d, hasw, nt);
             i++; /* g is 1 here */
@@ -458,7 +459,7 @@ static void FN(bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t
 #define RMS_X(hw, hg, nt)                                                                          \
     RMS_KSW(sizeof(T) == 2 && (hw) && (hg) == 1, k,                                                \
             FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w,                    \
-                         (const C *)rstd, (C *)dg, m, KK, hw, hg, nt))
+                         (const C *)rstd, (C *)dg, m, KK, hw, hg, nt, (flags & RMS_ROW_PAIRS) != 0))
     RMS_SWITCH_BWD(opt, flags, RMS_X);
 #undef RMS_X
 }

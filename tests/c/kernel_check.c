@@ -131,7 +131,8 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
         check("add h", isa->name, dt, k, b.h[1], b.h[0], n, 0, 1);
         check("add y", isa->name, dt, k, b.out[1], b.out[0], n, 0, 0);
     }
-    for (int flags = 0; flags <= RMS_STREAM; flags += RMS_STREAM) {
+    for (int f = 0; f < 4; f++) { /* with and without streaming, rows one at a time or paired */
+        int flags = (f & 1 ? RMS_STREAM : 0) | (f & 2 ? RMS_ROW_PAIRS : 0);
         for (int j = 0; j < 2; j++) {
             memset(b.dg[j], 0, k * cs);
             (j ? kt : ref)->bwd_rows(b.dy, (ptrdiff_t)s, b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s,
