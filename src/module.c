@@ -461,15 +461,20 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
 }
 
 /* A 16-bit gamma of x's own dtype (offset 0) goes to the kernels as it is, widened as it is
- * read, for fewer than STORAGE_WEIGHT_ROWS rows or rows of STORAGE_WEIGHT_K elements or more.
+ * read, for fewer than STORAGE_WEIGHT_ROWS rows or rows of the ISA's storage_weight_k (8192)
+ * elements or more.
  * Widening it first costs a pass over a row's worth of weights and a new array, which a few rows
  * do not pay back, and a float32 weight of 32 KiB or more no longer sits in L1 beside the row.
  * bfloat16, one thread, widened first -> as it is: 1 x 4096 forward 1.65 -> 0.94 us, backward
  * 3.08 -> 2.34 us; 1 x 1048576 forward 610 -> 282 us; 256 x 8192 forward 361 -> 349 us. Many
  * short rows read the widened copy from L1 again and again: 64 x 4096 forward 34 -> 39 us the
- * other way. */
+ * other way. The row length is the ISA's (storage_weight_k): with AVX2, whose 16-bit loads
+ * already crowd the shuffle ports, long rows measured faster widened first (AMD EPYC, one
+ * thread, both builds alternating, as it is -> widened, forward / backward: bfloat16 29 x 17389
+ * 189 -> 175 / 430 -> 390 us, 64 x 8192 198 -> 175 / 424 -> 389 us, 1024 x 8192 3.72 -> 3.42 /
+ * 7.12 -> 6.51 ms; float16 backward 29 x 17389 268 -> 241 us, 1024 x 8192 3.96 -> 3.88 ms, and
+ * its forward the same within 6% either way). */
 #define STORAGE_WEIGHT_ROWS 8
-#define STORAGE_WEIGHT_K 8192
 
 /* offset + gamma as a contiguous array of the compute type, or NULL with *w = NULL for none.
  * When gamma's own compute type is x's (every pairing but float64 with a narrower type), the
@@ -488,9 +493,10 @@ static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int co
     if (nlead < 0)
         return -1;
     int tn = compute_typenum(code);
-    npy_intp k = PyArray_SIZE(*g);
+    npy_intp k = PyArray_SIZE(*g), storage_k = (npy_intp)rms_isa_current()->storage_weight_k;
     int storage = gcode == code && (code == RMS_F16 || code == RMS_BF16) && offset == 0.0 &&
-                  k > 0 && (PyArray_SIZE(x) / k < STORAGE_WEIGHT_ROWS || k >= STORAGE_WEIGHT_K);
+                  k > 0 &&
+                  (PyArray_SIZE(x) / k < STORAGE_WEIGHT_ROWS || (storage_k && k >= storage_k));
     if (storage || (gcode == (tn == NPY_DOUBLE ? RMS_F64 : RMS_F32) && offset == 0.0)) {
         *wflags = storage ? RMS_W_STORAGE : 0;
         *w = (PyArrayObject *)PyArray_FromAny((PyObject *)*g, NULL, 0, 0,

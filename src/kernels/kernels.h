@@ -78,6 +78,9 @@ static inline size_t rms_group_rows(size_t i, size_t m, size_t g) {
 typedef struct {
     const char *name;
     rms_kernels k[RMS_NDTYPES];
+    /* Rows of this many elements or more read a 16-bit weight of x's dtype as it is however many
+     * rows there are (see make_weights in module.c); 0 for never. */
+    size_t storage_weight_k;
 } rms_isa_table;
 
 extern const rms_isa_table rms_isa_scalar;
