@@ -54,9 +54,9 @@ static inline __m256 bf16x8_rnd(__m256 v) {
         _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))));
 }
 
-/* 16 floats rounded to bfloat16 and stored at p: one NaN check of both vectors, one pack and one
- * 32-byte store (two 16-byte streams when nt: p is only 16-byte aligned then). A vector pair
- * holding a NaN takes bf16x8_round, so the bits are the same either way. */
+/* 16 floats rounded to bfloat16 and stored at p: one NaN check of both vectors, a byte shuffle of
+ * each, one permute and one 32-byte store (two 16-byte streams when nt: p is only 16-byte aligned
+ * then). A vector pair holding a NaN takes bf16x8_round, so the bits are the same either way. */
 static inline void store2_bf16(void *p, __m256 a, __m256 b, int nt) {
     __m128i *q = (__m128i *)p;
     __m256 nan = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
