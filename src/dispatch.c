@@ -56,7 +56,7 @@ static const rms_isa_table *current = &rms_isa_scalar;
 
 #if defined(__x86_64__) || defined(__i386__)
 static int x86_is_intel(void) {
-    unsigned a, b, c, d;
+    unsigned a = 0, b = 0, c = 0, d = 0;
     return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u &&
            c == 0x6c65746eu; /* "GenuineIntel" */
 }
