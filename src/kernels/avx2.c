@@ -32,19 +32,8 @@ static inline __m256i bf16x8_rne_hi(__m256 v) {
     return _mm256_sub_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), odd);
 }
 
-/* Round to nearest even on the integer bits; NaN becomes the canonical quiet NaN. */
-static inline __m128i bf16x8_round(__m256 v) {
-    __m256i qnan = _mm256_or_si256(
-        _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 16), _mm256_set1_epi32(0x8000)),
-        _mm256_set1_epi32(0x7fc0));
-    __m256i r = _mm256_blendv_epi8(_mm256_srli_epi32(bf16x8_rne_hi(v), 16), qnan,
-                                   _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-    __m256i packed = _mm256_packus_epi32(r, r); /* per 128-bit lane: r0-3 r0-3 | r4-7 r4-7 */
-    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
-}
-
-/* v rounded to bfloat16 and widened back (bf16x8_round's bits in the high halves), with no
- * shuffle: the rounded bits are masked in place. */
+/* v rounded to bfloat16 (nearest even; NaN becomes the canonical quiet NaN) and widened back,
+ * with no shuffle: the rounded bits are masked in place. */
 static inline __m256 bf16x8_rnd(__m256 v) {
     __m256i b = _mm256_castps_si256(v);
     __m256i r = _mm256_and_si256(bf16x8_rne_hi(v), _mm256_set1_epi32((int)0xffff0000u));
@@ -52,6 +41,13 @@ static inline __m256 bf16x8_rnd(__m256 v) {
                                    _mm256_set1_epi32(0x7fc00000));
     return _mm256_castsi256_ps(
         _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))));
+}
+
+/* 8 floats rounded to bfloat16, as bf16x8_rnd rounds them, and packed into 16 bytes */
+static inline __m128i bf16x8_round(__m256 v) {
+    __m256i r = _mm256_srli_epi32(_mm256_castps_si256(bf16x8_rnd(v)), 16);
+    __m256i packed = _mm256_packus_epi32(r, r); /* per 128-bit lane: r0-3 r0-3 | r4-7 r4-7 */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
 /* 16 floats rounded to bfloat16 and stored at p: one NaN check of both vectors, a byte shuffle of
