@@ -17,6 +17,9 @@ const rms_isa_table *rms_isa_current(void);
 /* Whether the backward may pair rows that share their offsets within 4 KiB pages (see
  * rms_backward): on Intel CPUs, where pairing measured faster, and on CPUs other than x86. */
 int rms_cpu_pairs_aliased(void);
+/* Whether short rows are left to the hardware prefetcher (RMS_HW_PREFETCH): on AMD CPUs with
+ * AVX-512 (Zen 4 and later), whatever kernel family runs on them. */
+int rms_cpu_hw_prefetch(void);
 void rms_isa_select(const rms_isa_table *t);
 
 #endif

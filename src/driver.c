@@ -366,7 +366,7 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
     if (total == 0)
         return;
-    int flags = a->flags;
+    int flags = a->flags | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     if (streamable(a->y, a->ys, a->k, es, bytes) &&
         (!a->r || streamable(a->h, a->hs, a->k, es, bytes)))
@@ -554,7 +554,7 @@ static int rows_alias(ptrdiff_t s, size_t es) {
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, cs = csize(a->dtype), es = rms_esize(a->dtype);
-    int flags = a->flags & RMS_W_STORAGE;
+    int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0);
     if (rms_cpu_pairs_aliased() ||
         !(rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;

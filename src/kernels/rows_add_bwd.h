@@ -151,9 +151,9 @@ RMS_INLINE void FN(staged_row)(const T *s, T *h, T *y, const void *w, C rs, size
  * measured 0.02-0.04 slower that way). */
 RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                                ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
-                               size_t k, double eps, const int hasw, const int before,
+                               size_t k, double eps, int flags, const int hasw, const int before,
                                const int nt) {
-    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD), n = 0;
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD, flags), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
     const size_t half = pipe ? RMS_STAGE / 2 : 0; /* g * k < RMS_STAGE / 2 for short rows */
@@ -186,19 +186,20 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
 /* Pipelined by group for short rows, as fwd_loop is. */
 RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
-                             size_t k, double eps, const int hasw, const int before,
+                             size_t k, double eps, int flags, const int hasw, const int before,
                              const int nt) {
     if (sizeof(T) == 2 && k <= RMS_STAGE_MAX) {
         T buf[RMS_STAGE] __attribute__((aligned(64)));
         T *st = k <= RMS_STAGE ? buf : aligned_alloc(64, (k * sizeof(T) + 63) / 64 * 64);
         if (st) {
-            FN(add_staged)(st, x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, hasw, before, nt);
+            FN(add_staged)(st, x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags, hasw, before,
+                           nt);
             if (st != buf)
                 free(st);
             return;
         }
     }
-    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD), n = 0;
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD, flags), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
     double ss[RMS_GROUP];
@@ -230,7 +231,7 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
 #define RMS_X(hw, bf, nt)                                                                          \
     RMS_KSW(sizeof(T) == 2 && (hw) && !(bf), k,                                                    \
             FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,            \
-                         (C *)rstd, m, KK, eps, hw, bf, nt))
+                         (C *)rstd, m, KK, eps, flags, hw, bf, nt))
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
@@ -421,8 +422,9 @@ RMS_INLINE double FN(bwd_c)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
 #define RMS_BWD_PAIRS (sizeof(T) >= 4)
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m, size_t k,
-                             const int hasw, const int hasdg, const int nt, const int pairs) {
-    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_BWD), n = 0;
+                             int flags, const int hasw, const int hasdg, const int nt) {
+    size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_BWD, flags), n = 0;
+    const int pairs = (flags & RMS_ROW_PAIRS) != 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = RMS_GROUP > 1 && k * sizeof(T) < RMS_PIPE_BYTES;
     double c[RMS_GROUP];
@@ -459,7 +461,7 @@ static void FN(bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t
 #define RMS_X(hw, hg, nt)                                                                          \
     RMS_KSW(sizeof(T) == 2 && (hw) && (hg) == 1, k,                                                \
             FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w,                    \
-                         (const C *)rstd, (C *)dg, m, KK, hw, hg, nt, (flags & RMS_ROW_PAIRS) != 0))
+                         (const C *)rstd, (C *)dg, m, KK, flags, hw, hg, nt))
     RMS_SWITCH_BWD(opt, flags, RMS_X);
 #undef RMS_X
 }

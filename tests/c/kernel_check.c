@@ -115,10 +115,12 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
     buffers b = make_buffers(dt, n, m, k);
     char *w = malloc(k * cs);
     fill(w, k, dt == RMS_F64 ? RMS_F64 : RMS_F32, 1.0);
-    /* every option that changes a loop: the cast before the weight, and non-temporal stores (rows
-     * of stride k + 3 start at every alignment, so the streaming heads are exercised too) */
-    for (int flags = 0; flags <= (RMS_CAST_BEFORE | RMS_STREAM); flags++) {
-        if (flags & ~(RMS_CAST_BEFORE | RMS_STREAM))
+    /* every option that changes a loop: the cast before the weight, non-temporal stores (rows
+     * of stride k + 3 start at every alignment, so the streaming heads are exercised too), and
+     * the prefetch left to the hardware */
+    const int opts = RMS_CAST_BEFORE | RMS_STREAM | RMS_HW_PREFETCH;
+    for (int flags = 0; flags <= opts; flags++) {
+        if (flags & ~opts)
             continue;
         for (int j = 0; j < 2; j++)
             (j ? kt : ref)->fwd_rows(b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s, w, b.rs[j], m, k,
@@ -131,8 +133,9 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
         check("add h", isa->name, dt, k, b.h[1], b.h[0], n, 0, 1);
         check("add y", isa->name, dt, k, b.out[1], b.out[0], n, 0, 0);
     }
-    for (int f = 0; f < 4; f++) { /* with and without streaming, rows one at a time or paired */
-        int flags = (f & 1 ? RMS_STREAM : 0) | (f & 2 ? RMS_ROW_PAIRS : 0);
+    for (int f = 0; f < 8; f++) { /* streaming or not, rows one at a time or paired, prefetch */
+        int flags = (f & 1 ? RMS_STREAM : 0) | (f & 2 ? RMS_ROW_PAIRS : 0) |
+                    (f & 4 ? RMS_HW_PREFETCH : 0);
         for (int j = 0; j < 2; j++) {
             memset(b.dg[j], 0, k * cs);
             (j ? kt : ref)->bwd_rows(b.dy, (ptrdiff_t)s, b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s,
