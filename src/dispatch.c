@@ -76,6 +76,9 @@ void rms_dispatch_init(void) {
     /* AMD CPUs with AVX-512 (Zen 4 and later); on Zen 3 the software prefetch measured faster. */
     hw_prefetch = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
 #endif
+    const char *hw = getenv("RMSNORM_HW_PREFETCH"); /* tuning knob: "0" or "1" overrides */
+    if (hw && (strcmp(hw, "0") == 0 || strcmp(hw, "1") == 0))
+        hw_prefetch = hw[0] == '1';
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512()) {
         avx512 = rms_isa_avx512;
