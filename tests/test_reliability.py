@@ -328,6 +328,42 @@ def test_fewer_threads_than_asked_still_do_all_the_work(tmp_path):
     oracle.assert_dgamma_close(got["dg"], dg64, dg_abs, F32, F32)
 
 
+PREFETCH_PROBE = """
+import sys, numpy as np, rmsnorm
+rng = np.random.default_rng(1)
+out = []
+for dt in (np.float32, np.float64):
+    for m, k in ((3000, 64), (700, 1024), (300, 2048), (100, 4099)):
+        x = rng.standard_normal((m, k)).astype(dt)
+        r = rng.standard_normal((m, k)).astype(dt)
+        g = rng.uniform(0.5, 1.5, k).astype(dt)
+        for t in (1, 2):
+            rmsnorm.set_num_threads(t)
+            y, rstd = rmsnorm.rms_norm(x, g)
+            dx, dg = rmsnorm.rms_norm_backward(r, x, g, rstd)
+            ya, ra, h = rmsnorm.add_rms_norm(x, r, g)
+            out += [a.ravel().view(np.uint8) for a in (y, rstd, dx, dg, ya, ra, h)]
+sys.stdout.buffer.write(np.concatenate(out).tobytes())
+"""
+
+
+def test_prefetch_choice_does_not_change_results():
+    """RMSNORM_HW_PREFETCH picks whether short 32- and 64-bit rows are prefetched by software
+    or left to the hardware (the default on AMD CPUs with AVX-512): only the speed may change,
+    never a bit of forward, backward or add, at one thread or two."""
+    import subprocess
+
+    runs = []
+    for on in ("0", "1"):
+        env = dict(os.environ, RMSNORM_HW_PREFETCH=on)
+        out = subprocess.run(
+            [sys.executable, "-c", PREFETCH_PROBE], env=env, capture_output=True, check=True
+        )
+        runs.append(np.frombuffer(out.stdout, np.uint8))
+    assert runs[0].size > 0
+    assert np.array_equal(runs[0], runs[1])
+
+
 # ---------------------------------------------------------------------------------------
 # leaks
 
