@@ -22,10 +22,9 @@ RMS_INLINE void FN(add_vec)(const T *x, const T *r, T *h, T *y, const void *w, V
 }
 
 RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, V vr, size_t n,
-                             size_t head, const T *pfx, const T *pfr, const int hasw,
+                             size_t head, const T *pfx, const T *pfr, int near, const int hasw,
                              const int before, const int nt) {
     size_t i = head;
-    const int near = FN(near)(n, RMS_P_ADD);
     if (head)
         FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, 0);
 #ifdef V_ST2
@@ -51,14 +50,14 @@ static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const 
     int opt = FN(opts)(w, flags, FN(plan_stream)((T *)y, (T *)h, n, flags, &head));
 #define RMS_X(hw, bf, nt)                                                                          \
     FN(add_span)((const T *)x, (const T *)r, (T *)h, (T *)y, w, V_SET((C)rs), n, head, NULL, NULL, \
-                 hw, bf, nt)
+                 RMS_PF_L2, hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
 
 RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                             ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, const C *rstd,
-                            size_t i, size_t m, size_t k, size_t d, const int hasw,
+                            size_t i, size_t m, size_t k, size_t d, int pm, const int hasw,
                             const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs, *rr = r + (ptrdiff_t)i * rs;
     T *hr = h + (ptrdiff_t)i * hs, *yr = y + (ptrdiff_t)i * ys;
@@ -66,9 +65,9 @@ RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, 
     size_t head;
     V vr = V_SET(rstd[i]);
     if (nt && FN(plan_stream)(yr, hr, k, RMS_STREAM, &head))
-        FN(add_span)(xr, rr, hr, yr, w, vr, k, head, px, pr, hasw, before, nt);
+        FN(add_span)(xr, rr, hr, yr, w, vr, k, head, px, pr, pm, hasw, before, nt);
     else
-        FN(add_span)(xr, rr, hr, yr, w, vr, k, 0, px, pr, hasw, before, 0);
+        FN(add_span)(xr, rr, hr, yr, w, vr, k, 0, px, pr, pm, hasw, before, 0);
 }
 
 /* The staged add of 16-bit rows. Rounding h = x + r to a 16-bit type costs more arithmetic than
@@ -135,9 +134,9 @@ RMS_INLINE void FN(staged_row)(const T *s, T *h, T *y, const void *w, C rs, size
                                const T *pr, const int hasw, const int before, const int nt) {
     size_t head;
     if (nt && FN(plan_stream)(y, NULL, k, RMS_STREAM, &head))
-        FN(scale_span)(s, y, w, V_SET(rs), k, head, px, hasw, before, nt);
+        FN(scale_span)(s, y, w, V_SET(rs), k, head, px, RMS_PF_L2, hasw, before, nt);
     else
-        FN(scale_span)(s, y, w, V_SET(rs), k, 0, px, hasw, before, 0);
+        FN(scale_span)(s, y, w, V_SET(rs), k, 0, px, RMS_PF_L2, hasw, before, 0);
     if (nt && FN(plan_stream)(h, NULL, k, RMS_STREAM, &head))
         FN(copy_span)(s, h, k, head, pr, nt);
     else
@@ -201,7 +200,7 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
     }
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD, flags), n = 0;
     const double inv_k = rms_inv_pow2(k);
-    const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
+    const int pipe = k * sizeof(T) < RMS_PIPE_BYTES, pm = FN(pf_mode)(k, RMS_P_ADD, flags);
     double ss[RMS_GROUP];
     for (size_t i = 0; i < m; i += g) {
         if (!pipe || i == 0) {
@@ -218,7 +217,7 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
             if (j < n2)
                 ss[j] = FN(reduce)(x + (ptrdiff_t)(next + j) * xs, r + (ptrdiff_t)(next + j) * rs,
                                    NULL, (C)1, k, RMS_ADDSQ);
-            FN(add_row)(x, xs, r, rs, h, hs, y, ys, w, rstd, i + j, m, k, d, hasw, before, nt);
+            FN(add_row)(x, xs, r, rs, h, hs, y, ys, w, rstd, i + j, m, k, d, pm, hasw, before, nt);
         }
         n = n2;
     }
