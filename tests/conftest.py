@@ -18,6 +18,21 @@ THREADS = (1, 2)
 BACKENDS = tuple((isa, t) for isa in ISAS for t in THREADS)
 
 
+def outputs_under_env(script, name, values, dtype):
+    """Runs `script` in a fresh Python once per value of the environment variable `name` (read
+    at import), and returns what each run wrote to stdout, as arrays of `dtype`."""
+    import subprocess
+
+    runs = []
+    for value in values:
+        env = dict(os.environ, **{name: value})
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, check=True
+        )
+        runs.append(np.frombuffer(out.stdout, dtype))
+    return runs
+
+
 def backend_id(p):
     return f"{p[0]}-t{p[1]}"
 

@@ -12,7 +12,7 @@ import tracemalloc
 import numpy as np
 import oracle
 import pytest
-from conftest import ISAS, using
+from conftest import ISAS, outputs_under_env, using
 from oracle import ALL_DTYPES, F16, F32, F64, dtype_id
 
 import rmsnorm
@@ -351,15 +351,7 @@ def test_prefetch_choice_does_not_change_results():
     """RMSNORM_HW_PREFETCH picks whether short 32- and 64-bit rows are prefetched by software
     or left to the hardware (the default on AMD CPUs with AVX-512): only the speed may change,
     never a bit of forward, backward or add, at one thread or two."""
-    import subprocess
-
-    runs = []
-    for on in ("0", "1"):
-        env = dict(os.environ, RMSNORM_HW_PREFETCH=on)
-        out = subprocess.run(
-            [sys.executable, "-c", PREFETCH_PROBE], env=env, capture_output=True, check=True
-        )
-        runs.append(np.frombuffer(out.stdout, np.uint8))
+    runs = outputs_under_env(PREFETCH_PROBE, "RMSNORM_HW_PREFETCH", ("0", "1"), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])
 

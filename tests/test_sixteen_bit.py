@@ -7,7 +7,7 @@ import re
 import numpy as np
 import oracle
 import pytest
-from conftest import ISAS, using
+from conftest import ISAS, outputs_under_env, using
 from oracle import ALL_DTYPES, BF16, F16, F32, SIXTEEN, TAILS, dtype_id
 
 import rmsnorm
@@ -237,17 +237,7 @@ def test_avx512_bfloat16_paths_agree_bitwise():
     """With AVX512-BF16 the AVX-512 table rounds bfloat16 with VCVTNEPS2BF16 (falling back to
     integer rounding for subnormals, zeros and NaN); RMSNORM_NO_AVX512BF16=1 keeps the integer
     rounding everywhere. Both must give the same bits, including subnormal results and NaN."""
-    import os
-    import subprocess
-    import sys
-
-    runs = []
-    for off in ("0", "1"):
-        env = dict(os.environ, RMSNORM_NO_AVX512BF16=off)
-        out = subprocess.run(
-            [sys.executable, "-c", _BF16_PATH_SCRIPT], env=env, capture_output=True, check=True
-        )
-        runs.append(np.frombuffer(out.stdout, np.uint16))
+    runs = outputs_under_env(_BF16_PATH_SCRIPT, "RMSNORM_NO_AVX512BF16", ("0", "1"), np.uint16)
     assert runs[0].size == 2 * 9 * 1031
     assert np.array_equal(runs[0], runs[1])
     y = runs[0][: 9 * 1031].view(BF16).astype(np.float64).reshape(9, 1031)

@@ -506,7 +506,7 @@ static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n,
     size_t head;
     int opt = FN(opts)(w, flags, FN(plan_stream)((T *)y, NULL, n, flags, &head));
 #define RMS_X(hw, bf, nt)                                                                          \
-    FN(scale_span)((const T *)x, (T *)y, w, V_SET((C)r), n, head, NULL, 0, hw, bf, nt)
+    FN(scale_span)((const T *)x, (T *)y, w, V_SET((C)r), n, head, NULL, RMS_PF_L2, hw, bf, nt)
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
