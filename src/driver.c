@@ -618,7 +618,7 @@ void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, d
 }
 
 /* Roofline references, split across the team like the kernels. */
-void rms_ref_copy(void *dst, const void *src, size_t bytes, int nthreads) {
+void rms_ref_copy(void *dst, const void *src, size_t bytes, int prefetch, int nthreads) {
     int nt = team_size(bytes / 4, nthreads), stream = bytes >= stream_bytes;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -626,7 +626,7 @@ void rms_ref_copy(void *dst, const void *src, size_t bytes, int nthreads) {
         size_t b0, b1;
         chunk(bytes, t, team, 64, &b0, &b1);
         if (b1 > b0)
-            rms_copy_span((char *)dst + b0, (const char *)src + b0, b1 - b0, stream);
+            rms_copy_span((char *)dst + b0, (const char *)src + b0, b1 - b0, stream, prefetch);
     }
 }
 

@@ -68,9 +68,9 @@ int rms_threads_get(void);
 void rms_threads_set(int n);
 int rms_have_openmp(void);
 
-/* Roofline references for the benchmarks, threaded the same way: dst = src, and
- * dst = a + 0.5 * b (float32 or float64). */
-void rms_ref_copy(void *dst, const void *src, size_t bytes, int nthreads);
+/* Roofline references for the benchmarks, threaded the same way: dst = src (prefetching ahead
+ * with `prefetch`, see rms_copy_span), and dst = a + 0.5 * b (float32 or float64). */
+void rms_ref_copy(void *dst, const void *src, size_t bytes, int prefetch, int nthreads);
 void rms_ref_triad(void *dst, const void *a, const void *b, size_t n, int f64, int nthreads);
 
 #endif

@@ -847,11 +847,18 @@ static int ref_arrays(const char *fn, PyObject *const *args, Py_ssize_t nargs, i
 static PyObject *py_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyArrayObject *a[2];
     (void)self;
+    int prefetch = 0;
+    if (nargs == 3) {
+        if ((prefetch = PyObject_IsTrue(args[2])) < 0)
+            return NULL;
+        nargs = 2;
+    }
     if (ref_arrays("copy", args, nargs, 2, a) < 0)
         return NULL;
     int nthreads = rms_threads_get();
     Py_BEGIN_ALLOW_THREADS
-    rms_ref_copy(PyArray_DATA(a[1]), PyArray_DATA(a[0]), (size_t)PyArray_NBYTES(a[0]), nthreads);
+    rms_ref_copy(PyArray_DATA(a[1]), PyArray_DATA(a[0]), (size_t)PyArray_NBYTES(a[0]), prefetch,
+                 nthreads);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -935,7 +942,8 @@ static PyMethodDef methods[] = {
     {"set_isa", py_set_isa, METH_O, "set_isa(name): switch the kernel family (ValueError if unavailable)."},
     {"have_openmp", py_have_openmp, METH_NOARGS, "have_openmp() -> bool: built with OpenMP."},
     {"copy", (PyCFunction)(void (*)(void))py_copy, METH_FASTCALL,
-     "copy(src, dst): threaded copy of contiguous arrays (roofline reference for benchmarks)."},
+     "copy(src, dst, prefetch=False): threaded copy of contiguous arrays (roofline reference "
+     "for benchmarks); with prefetch, each line is also prefetched 4 KiB ahead."},
     {"triad", (PyCFunction)(void (*)(void))py_triad, METH_FASTCALL,
      "triad(a, b, dst): dst = a + 0.5*b, threaded (roofline reference for benchmarks)."},
     {NULL, NULL, 0, NULL}};

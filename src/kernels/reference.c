@@ -6,9 +6,31 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#include <xmmintrin.h>
 #endif
 
-void rms_copy_span(void *dst, const void *src, size_t bytes, int stream) {
+#if defined(__SSE2__)
+/* Whole 64-byte blocks from i, streamed; with `ahead`, each block first prefetches the line
+ * `ahead` bytes further on (PREFETCHNTA), while that line is still inside the source. */
+static inline size_t copy_blocks(char *d, const char *s, size_t i, size_t bytes,
+                                 const size_t ahead) {
+    for (; i + 64 <= bytes; i += 64) {
+        if (ahead && i + ahead < bytes)
+            _mm_prefetch(s + i + ahead, _MM_HINT_NTA);
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), a);
+        _mm_stream_si128((__m128i *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    return i;
+}
+#endif
+
+void rms_copy_span(void *dst, const void *src, size_t bytes, int stream, int prefetch) {
 #if defined(__SSE2__)
     if (stream) {
         char *d = (char *)dst;
@@ -16,23 +38,15 @@ void rms_copy_span(void *dst, const void *src, size_t bytes, int stream) {
         size_t head = (16 - (uintptr_t)d % 16) % 16;
         head = head < bytes ? head : bytes;
         memcpy(d, s, head);
-        size_t i = head;
-        for (; i + 64 <= bytes; i += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
-            __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
-            __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-            _mm_stream_si128((__m128i *)(d + i), a);
-            _mm_stream_si128((__m128i *)(d + i + 16), b);
-            _mm_stream_si128((__m128i *)(d + i + 32), c);
-            _mm_stream_si128((__m128i *)(d + i + 48), e);
-        }
+        size_t i = prefetch ? copy_blocks(d, s, head, bytes, RMS_COPY_AHEAD)
+                            : copy_blocks(d, s, head, bytes, 0);
         memcpy(d + i, s + i, bytes - i);
         _mm_sfence();
         return;
     }
 #endif
     (void)stream;
+    (void)prefetch;
     memcpy(dst, src, bytes);
 }
 
