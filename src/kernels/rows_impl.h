@@ -426,8 +426,9 @@ RMS_INLINE const T *FN(row_ahead)(const T *a, ptrdiff_t s, size_t i, size_t d, s
  * 1.11), 4096x12288 1.34 -> 1.15 (1.17 -> 1.09); add 8192x8192 1.25 -> 1.16 (1.21 -> 1.13),
  * 4096x12288 1.28 -> 1.19 (1.13 -> 1.10). Every fourth or eighth line gained less, the L1
  * prefetch needs every line (16384x4096 forward 1.23 -> 1.48 at every fourth), and so did the
- * backward at one thread (8192x8192 1.58 -> 1.67 at every second line). 16-bit rows, not
- * measured that way, keep every line. */
+ * backward at one thread (8192x8192 1.58 -> 1.67 at every second line), and so did the 16-bit
+ * forward (bfloat16, one thread, of the prefetching copy: 8192x8192 1.35 -> 1.91, 16384x4096
+ * 1.36 -> 2.09; the add the same within 0.06), so 16-bit rows keep every line. */
 static inline int FN(pf_mode)(size_t k, const int pass, int flags) {
     if (FN(near)(k, pass))
         return RMS_PF_L1;
