@@ -65,6 +65,12 @@ static int x86_vendor_is(const char *name) {
 }
 #endif
 
+/* An on/off tuning knob: 1 when the variable `name` is "1", 0 when it is "0", else dflt. */
+static int env_switch(const char *name, int dflt) {
+    const char *s = getenv(name);
+    return s && strcmp(s, "1") == 0 ? 1 : s && strcmp(s, "0") == 0 ? 0 : dflt;
+}
+
 int rms_cpu_pairs_aliased(void) { return pairs_aliased; }
 
 int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
@@ -76,15 +82,12 @@ void rms_dispatch_init(void) {
     /* AMD CPUs with AVX-512 (Zen 4 and later); on Zen 3 the software prefetch measured faster. */
     hw_prefetch = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
 #endif
-    const char *hw = getenv("RMSNORM_HW_PREFETCH"); /* tuning knob: "0" or "1" overrides */
-    if (hw && (strcmp(hw, "0") == 0 || strcmp(hw, "1") == 0))
-        hw_prefetch = hw[0] == '1';
+    hw_prefetch = env_switch("RMSNORM_HW_PREFETCH", hw_prefetch);
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512()) {
         avx512 = rms_isa_avx512;
 #if defined(RMSNORM_HAVE_AVX512BF16)
-        const char *off = getenv("RMSNORM_NO_AVX512BF16");
-        if (x86_has_avx512bf16() && !(off && strcmp(off, "1") == 0))
+        if (x86_has_avx512bf16() && !env_switch("RMSNORM_NO_AVX512BF16", 0))
             avx512.k[RMS_BF16] = rms_bf16_avx512bf16;
 #endif
         available[n++] = &avx512;

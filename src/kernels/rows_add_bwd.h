@@ -22,14 +22,14 @@ RMS_INLINE void FN(add_vec)(const T *x, const T *r, T *h, T *y, const void *w, V
 }
 
 RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, V vr, size_t n,
-                             size_t head, const T *pfx, const T *pfr, int near, const int hasw,
+                             size_t head, const T *pfx, const T *pfr, int pm, const int hasw,
                              const int before, const int nt) {
     size_t i = head;
     if (head)
         FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, 0);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
-        FN(pf2)(pfx, pfr, i, near);
+        FN(pf2)(pfx, pfr, i, pm);
         V h0, h1, v0 = FN(add_val)(x + i, r + i, W_AT(w, i, hasw), vr, W, hasw, before, &h0);
         V v1 = FN(add_val)(x + i + W, r + i + W, W_AT(w, i + W, hasw), vr, W, hasw, before, &h1);
         V_ST2(h + i, h0, h1, nt);
@@ -37,7 +37,7 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, 
     }
 #endif
     for (; i + W <= n; i += W) {
-        FN(pf2)(pfx, pfr, i, near);
+        FN(pf2)(pfx, pfr, i, pm);
         FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, W, hasw, before, nt);
     }
     if (i < n)
@@ -117,7 +117,7 @@ RMS_INLINE void FN(copy_span)(const T *s, T *h, size_t n, size_t head, const T *
     }
     for (; i + 2 * W <= n; i += 2 * W) {
         if (pf)
-            RMS_PREFETCH(pf + i, 0);
+            RMS_PREFETCH(pf + i, RMS_PF_L2);
         if (nt) {
             V_CPNT(h + i, s + i);
             V_CPNT(h + i + W, s + i + W);
@@ -259,12 +259,12 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
                              size_t n, size_t head, const T *pdy, const T *px, const int hasw,
                              const int hasdg, const int nt) {
     size_t i = head;
-    const int near = FN(near)(n, RMS_P_BWD);
+    const int pm = FN(pf_mode)(n, RMS_P_BWD, 0);
     if (head)
         FN(put)(dx, FN(bwd_val)(dy, x, w, dg, vr, vnc, head, hasw, hasdg), head, 0);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
-        FN(pf2)(pdy, px, i, near);
+        FN(pf2)(pdy, px, i, pm);
         V o0 = FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vnc, W, hasw,
                            hasdg);
         V o1 = FN(bwd_val)(dy + i + W, x + i + W, W_AT(w, i + W, hasw),
@@ -273,7 +273,7 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
     }
 #endif
     for (; i + W <= n; i += W) {
-        FN(pf2)(pdy, px, i, near);
+        FN(pf2)(pdy, px, i, pm);
         FN(put)(dx + i,
                 FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vnc, W,
                             hasw, hasdg),
@@ -362,12 +362,12 @@ RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdif
                                   V vnc1, size_t n, size_t head, const T *pdy, const T *px,
                                   const int hasw, const int nt) {
     size_t i = head;
-    const int near = FN(near)(n, RMS_P_BWD);
+    const int pm = FN(pf_mode)(n, RMS_P_BWD, 0);
     if (head)
         FN(bwd_pair_vec)(dy, dys, x, xs, dx, dxs, w, dg, vr0, vnc0, vr1, vnc1, head, hasw, 0);
     for (; i + W <= n; i += W) {
-        FN(pf2)(pdy, px, i, near);
-        FN(pf2)(pdy ? pdy + dys : NULL, px ? px + xs : NULL, i, near);
+        FN(pf2)(pdy, px, i, pm);
+        FN(pf2)(pdy ? pdy + dys : NULL, px ? px + xs : NULL, i, pm);
         FN(bwd_pair_vec)(dy + i, dys, x + i, xs, dx + i, dxs, W_AT(w, i, hasw), dg + i, vr0,
                          vnc0, vr1, vnc1, W, hasw, nt);
     }

@@ -34,11 +34,11 @@
 #define RMS_CAT_(a, b) a##_##b
 #define RMS_CAT(a, b) RMS_CAT_(a, b)
 #define RMS_INLINE static inline __attribute__((always_inline))
-/* The row loops prefetch rows ahead of the one they scale: into L2, or into L1 (near) where
- * FN(near) says so; `near` is a prefetch mode (FN(pf_mode)), RMS_PF_L1 for L1. */
-#define RMS_PREFETCH(p, near)                                                                      \
+/* The row loops prefetch rows ahead of the one they scale: into L2, or into L1 where FN(near)
+ * says so; pm is a prefetch mode (FN(pf_mode)). */
+#define RMS_PREFETCH(p, pm)                                                                        \
     do {                                                                                           \
-        if ((near) == RMS_PF_L1)                                                                   \
+        if ((pm) == RMS_PF_L1)                                                                     \
             __builtin_prefetch((p), 0, 3);                                                         \
         else                                                                                       \
             __builtin_prefetch((p), 0, 2);                                                         \
@@ -426,9 +426,10 @@ RMS_INLINE const T *FN(row_ahead)(const T *a, ptrdiff_t s, size_t i, size_t d, s
  * 1.11), 4096x12288 1.34 -> 1.15 (1.17 -> 1.09); add 8192x8192 1.25 -> 1.16 (1.21 -> 1.13),
  * 4096x12288 1.28 -> 1.19 (1.13 -> 1.10). Every fourth or eighth line gained less, the L1
  * prefetch needs every line (16384x4096 forward 1.23 -> 1.48 at every fourth), and so did the
- * backward at one thread (8192x8192 1.58 -> 1.67 at every second line), and so did the 16-bit
+ * backward at one thread (8192x8192 1.58 -> 1.67 at every second line), as did the 16-bit
  * forward (bfloat16, one thread, of the prefetching copy: 8192x8192 1.35 -> 1.91, 16384x4096
- * 1.36 -> 2.09; the add the same within 0.06), so 16-bit rows keep every line. */
+ * 1.36 -> 2.09; the add the same within 0.06), so 16-bit rows keep every line. The backward's
+ * mode depends on no flag. */
 static inline int FN(pf_mode)(size_t k, const int pass, int flags) {
     if (FN(near)(k, pass))
         return RMS_PF_L1;
@@ -443,10 +444,10 @@ RMS_INLINE int FN(pf_line)(size_t i, int pm) {
 }
 
 /* Prefetches offset i of two rows (the next inputs of the add or the backward), if any. */
-RMS_INLINE void FN(pf2)(const T *a, const T *b, size_t i, const int near) {
-    if (a && FN(pf_line)(i, near)) {
-        RMS_PREFETCH(a + i, near);
-        RMS_PREFETCH(b + i, near);
+RMS_INLINE void FN(pf2)(const T *a, const T *b, size_t i, const int pm) {
+    if (a && FN(pf_line)(i, pm)) {
+        RMS_PREFETCH(a + i, pm);
+        RMS_PREFETCH(b + i, pm);
     }
 }
 
@@ -472,22 +473,22 @@ RMS_INLINE void FN(put)(T *y, V v, size_t t, const int nt) {
 /* V_ST2(p, a, b, nt), where an ISA defines it, stores two vectors at once (one check of both
  * for the fast conversion); the span loops then go two vectors at a time. */
 RMS_INLINE void FN(scale_span)(const T *x, T *y, const void *w, V vr, size_t n, size_t head,
-                               const T *pf, int near, const int hasw, const int before,
+                               const T *pf, int pm, const int hasw, const int before,
                                const int nt) {
     size_t i = head;
     if (head)
         FN(put)(y, FN(scale_val)(x, w, vr, head, hasw, before), head, 0);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
-        if (pf && FN(pf_line)(i, near))
-            RMS_PREFETCH(pf + i, near);
+        if (pf && FN(pf_line)(i, pm))
+            RMS_PREFETCH(pf + i, pm);
         V_ST2(y + i, FN(scale_val)(x + i, W_AT(w, i, hasw), vr, W, hasw, before),
               FN(scale_val)(x + i + W, W_AT(w, i + W, hasw), vr, W, hasw, before), nt);
     }
 #endif
     for (; i + W <= n; i += W) {
-        if (pf && FN(pf_line)(i, near))
-            RMS_PREFETCH(pf + i, near);
+        if (pf && FN(pf_line)(i, pm))
+            RMS_PREFETCH(pf + i, pm);
         FN(put)(y + i, FN(scale_val)(x + i, W_AT(w, i, hasw), vr, W, hasw, before), W, nt);
     }
     if (i < n)
