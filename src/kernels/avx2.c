@@ -10,6 +10,7 @@
 
 #include "kernels.h"
 #include "convert.h"
+#include "rstd_avx.h"
 
 /* 8 bfloat16 values widened: the 16 bytes are broadcast to both halves (a load, no shuffle) and
  * one in-lane byte shuffle moves each value into the high half of its lane, where a widening

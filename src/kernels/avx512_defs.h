@@ -7,6 +7,7 @@
 
 #include "kernels.h"
 #include "convert.h"
+#include "rstd_avx.h"
 
 static inline __m512 bf16x16_widen(__m256i u) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));

@@ -56,8 +56,11 @@ typedef struct {
 /* A row's sum of squares can be used as it is: finite, and not so small that squares of its
  * elements underflowed in the compute type (float32 partial sums, or float64). Otherwise the
  * row takes the rescaling slow path (rescue). */
+#define RMS_SUMSQ_MAX 1.79769313486231570e308 /* DBL_MAX: finite */
+#define RMS_SUMSQ_MIN_F32 1e-30
+#define RMS_SUMSQ_MIN_F64 1e-290
 static inline int rms_sumsq_ok(double ss, int f64) {
-    return ss <= 1.79769313486231570e308 && ss >= (f64 ? 1e-290 : 1e-30);
+    return ss <= RMS_SUMSQ_MAX && ss >= (f64 ? RMS_SUMSQ_MIN_F64 : RMS_SUMSQ_MIN_F32);
 }
 
 /* 1/n when n is a power of two, else 0: then s * (1/n) is exactly s / n, and spares the divider

@@ -26,7 +26,7 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, 
                              const int before, const int nt) {
     size_t i = head;
     if (head)
-        FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, 0);
+        FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, nt ? RMS_EDGE : 0);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
         FN(pf2)(pfx, pfr, i, pm);
@@ -41,7 +41,8 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, 
         FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, W, hasw, before, nt);
     }
     if (i < n)
-        FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, n - i, hasw, before, 0);
+        FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, n - i, hasw, before,
+                    nt ? RMS_EDGE : 0);
 }
 
 static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const void *w,
@@ -167,8 +168,7 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
                                       cur + j * k, k, FN(row_ahead)(x, xs, i + j, pf1, m),
                                       FN(row_ahead)(r, rs, i + j, pf1, m));
         }
-        for (size_t j = 0; j < n; j++)
-            rstd[i + j] = (C)FN(rstd)(ss[j], cur + j * k, NULL, k, eps, inv_k);
+        FN(rstds)(ss, rstd + i, n, cur, (ptrdiff_t)k, NULL, 0, k, eps, inv_k);
         size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
         for (size_t j = 0; j < n; j++) {
             if (j < n2)
@@ -209,9 +209,8 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
                 ss[j] = FN(reduce)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs, NULL,
                                    (C)1, k, RMS_ADDSQ);
         }
-        for (size_t j = 0; j < n; j++)
-            rstd[i + j] = (C)FN(rstd)(ss[j], x + (ptrdiff_t)(i + j) * xs,
-                                      r + (ptrdiff_t)(i + j) * rs, k, eps, inv_k);
+        FN(rstds)(ss, rstd + i, n, x + (ptrdiff_t)i * xs, xs, r + (ptrdiff_t)i * rs, rs, k, eps,
+                  inv_k);
         size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
         for (size_t j = 0; j < n; j++) {
             if (j < n2)
@@ -261,7 +260,8 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
     size_t i = head;
     const int pm = FN(pf_mode)(n, RMS_P_BWD, 0);
     if (head)
-        FN(put)(dx, FN(bwd_val)(dy, x, w, dg, vr, vnc, head, hasw, hasdg), head, 0);
+        FN(put)(dx, FN(bwd_val)(dy, x, w, dg, vr, vnc, head, hasw, hasdg), head,
+                nt ? RMS_EDGE : 0);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
         FN(pf2)(pdy, px, i, pm);
@@ -283,7 +283,7 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
         FN(put)(dx + i,
                 FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vnc, n - i,
                             hasw, hasdg),
-                n - i, 0);
+                n - i, nt ? RMS_EDGE : 0);
 }
 
 /* X(hasw, hasdg, nt) with constant arguments for o = (hasw != 0) | hasdg << 1 | nt << 3 |
@@ -364,7 +364,8 @@ RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdif
     size_t i = head;
     const int pm = FN(pf_mode)(n, RMS_P_BWD, 0);
     if (head)
-        FN(bwd_pair_vec)(dy, dys, x, xs, dx, dxs, w, dg, vr0, vnc0, vr1, vnc1, head, hasw, 0);
+        FN(bwd_pair_vec)(dy, dys, x, xs, dx, dxs, w, dg, vr0, vnc0, vr1, vnc1, head, hasw,
+                         nt ? RMS_EDGE : 0);
     for (; i + W <= n; i += W) {
         FN(pf2)(pdy, px, i, pm);
         FN(pf2)(pdy ? pdy + dys : NULL, px ? px + xs : NULL, i, pm);
@@ -373,7 +374,7 @@ RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdif
     }
     if (i < n)
         FN(bwd_pair_vec)(dy + i, dys, x + i, xs, dx + i, dxs, W_AT(w, i, hasw), dg + i, vr0,
-                         vnc0, vr1, vnc1, n - i, hasw, 0);
+                         vnc0, vr1, vnc1, n - i, hasw, nt ? RMS_EDGE : 0);
 }
 
 /* Rows i and i + 1 (with a weight, accumulating dgamma), given their c; as bwd_row is of one. */
