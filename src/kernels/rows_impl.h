@@ -370,7 +370,8 @@ RMS_INLINE double FN(rstd)(double ss, const T *x, const T *r, size_t n, double e
  * the same bits, with the square roots and divisions of eight rows in four vector operations
  * rather than sixteen scalar ones, whose throughput limits short 16-bit rows (AMD EPYC Zen 4,
  * one thread, two builds alternating in one process, ratio to a copy: bfloat16 1M x 64 forward
- * 2.85-2.89 -> 2.56-2.73, add 2.05-2.09 -> 1.96-1.99; float16 forward 2.55-2.93 -> 2.38-2.64). */
+ * 2.85-2.89 -> 2.56-2.73 in three runs of four, 2.47 -> 2.53 in the fourth; add 2.05-2.22 ->
+ * 1.96-2.14; float16 forward 2.55-2.64 -> 2.38-2.48). */
 RMS_INLINE void FN(rstds)(const double *ss, C *rstd, size_t n, const T *x, ptrdiff_t xs,
                           const T *r, ptrdiff_t rs, size_t k, double eps, double inv_k) {
 #ifdef V_RSTD8
