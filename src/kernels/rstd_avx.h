@@ -20,8 +20,8 @@ static inline void rms_rstd4_avx(__m256d ss, float *rstd, size_t k, double eps, 
  * nothing is stored. */
 static inline int rms_rstd8_avx(const double *ss, float *rstd, size_t k, double eps,
                                 double inv_k) {
-    /* element by element: a vector load of sums just stored one by one would wait for the
-     * stores to reach the cache, behind the row's streaming stores */
+    /* element by element, so that each sum can be forwarded from its own store: a vector load
+     * over eight scalar stores cannot be, and waits for them to reach the cache */
     __m256d a = _mm256_set_pd(ss[3], ss[2], ss[1], ss[0]);
     __m256d b = _mm256_set_pd(ss[7], ss[6], ss[5], ss[4]);
     __m256d hi = _mm256_set1_pd(RMS_SUMSQ_MAX), lo = _mm256_set1_pd(RMS_SUMSQ_MIN_F32);
