@@ -26,7 +26,7 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, 
                              const int before, const int nt) {
     size_t i = head;
     if (head)
-        FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, nt ? RMS_EDGE : 0);
+        FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, nt);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
         FN(pf2)(pfx, pfr, i, pm);
@@ -41,8 +41,7 @@ RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, 
         FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, W, hasw, before, nt);
     }
     if (i < n)
-        FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, n - i, hasw, before,
-                    nt ? RMS_EDGE : 0);
+        FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, n - i, hasw, before, nt);
 }
 
 static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const void *w,
@@ -260,8 +259,7 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
     size_t i = head;
     const int pm = FN(pf_mode)(n, RMS_P_BWD, 0);
     if (head)
-        FN(put)(dx, FN(bwd_val)(dy, x, w, dg, vr, vnc, head, hasw, hasdg), head,
-                nt ? RMS_EDGE : 0);
+        FN(put)(dx, FN(bwd_val)(dy, x, w, dg, vr, vnc, head, hasw, hasdg), head, nt);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
         FN(pf2)(pdy, px, i, pm);
@@ -283,7 +281,7 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
         FN(put)(dx + i,
                 FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vnc, n - i,
                             hasw, hasdg),
-                n - i, nt ? RMS_EDGE : 0);
+                n - i, nt);
 }
 
 /* X(hasw, hasdg, nt) with constant arguments for o = (hasw != 0) | hasdg << 1 | nt << 3 |
@@ -364,8 +362,7 @@ RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdif
     size_t i = head;
     const int pm = FN(pf_mode)(n, RMS_P_BWD, 0);
     if (head)
-        FN(bwd_pair_vec)(dy, dys, x, xs, dx, dxs, w, dg, vr0, vnc0, vr1, vnc1, head, hasw,
-                         nt ? RMS_EDGE : 0);
+        FN(bwd_pair_vec)(dy, dys, x, xs, dx, dxs, w, dg, vr0, vnc0, vr1, vnc1, head, hasw, nt);
     for (; i + W <= n; i += W) {
         FN(pf2)(pdy, px, i, pm);
         FN(pf2)(pdy ? pdy + dys : NULL, px ? px + xs : NULL, i, pm);
@@ -374,7 +371,7 @@ RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdif
     }
     if (i < n)
         FN(bwd_pair_vec)(dy + i, dys, x + i, xs, dx + i, dxs, W_AT(w, i, hasw), dg + i, vr0,
-                         vnc0, vr1, vnc1, n - i, hasw, nt ? RMS_EDGE : 0);
+                         vnc0, vr1, vnc1, n - i, hasw, nt);
 }
 
 /* Rows i and i + 1 (with a weight, accumulating dgamma), given their c; as bwd_row is of one. */

@@ -53,8 +53,6 @@ enum { RMS_PF_L2, RMS_PF_L1, RMS_PF_L2_HALF };
 /* options of a row loop, switched once per call into constants: weight, round before the
  * weight, non-temporal stores, weight in the storage type */
 enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
-/* FN(put)'s nt for the partial vectors at the ends of a streamed span */
-#define RMS_EDGE 2
 /* The hasw constant of the loops: 0 no weight, 1 compute-type weight, RMS_HW_S storage-type
  * weight (the same loops as 1 where the two types are one). */
 #define RMS_HW_S (sizeof(T) == sizeof(C) ? 1 : 2)
@@ -500,15 +498,15 @@ RMS_INLINE void FN(st_plain)(T *p, V v, size_t t) {
 #undef RMS_PIECE
 }
 
-/* Stores t elements; a full vector non-temporally when nt is 1. With nt == RMS_EDGE, the
- * partial vectors at either end of a streamed span go through plain stores rather than a masked
+/* Stores t elements of a span that is streamed when nt: a full vector non-temporally, and the
+ * partial vectors at either end of a streamed span through plain stores rather than a masked
  * one: on an AMD EPYC (Zen 4), masked stores into the lines beside streaming stores cost about
  * a read from memory each (float32 forward, one thread, output rows starting 16 bytes past a
  * cache line, ratio to a copy: 65536x1024 1.56-2.09 -> 1.06-1.18, 1M x 64 6.1-6.8 -> 1.5-1.7). */
 RMS_INLINE void FN(put)(T *y, V v, size_t t, const int nt) {
-    if (nt == 1 && t == W)
+    if (nt && t == W)
         V_STNT(y, v);
-    else if (nt == RMS_EDGE)
+    else if (nt)
         FN(st_plain)(y, v, t);
     else
         STX(y, v, t);
@@ -521,7 +519,7 @@ RMS_INLINE void FN(scale_span)(const T *x, T *y, const void *w, V vr, size_t n, 
                                const int nt) {
     size_t i = head;
     if (head)
-        FN(put)(y, FN(scale_val)(x, w, vr, head, hasw, before), head, nt ? RMS_EDGE : 0);
+        FN(put)(y, FN(scale_val)(x, w, vr, head, hasw, before), head, nt);
 #ifdef V_ST2
     for (; i + 2 * W <= n; i += 2 * W) {
         if (pf && FN(pf_line)(i, pm))
@@ -536,8 +534,7 @@ RMS_INLINE void FN(scale_span)(const T *x, T *y, const void *w, V vr, size_t n, 
         FN(put)(y + i, FN(scale_val)(x + i, W_AT(w, i, hasw), vr, W, hasw, before), W, nt);
     }
     if (i < n)
-        FN(put)(y + i, FN(scale_val)(x + i, W_AT(w, i, hasw), vr, n - i, hasw, before), n - i,
-                nt ? RMS_EDGE : 0);
+        FN(put)(y + i, FN(scale_val)(x + i, W_AT(w, i, hasw), vr, n - i, hasw, before), n - i, nt);
 }
 
 /* The RMS_O_* bits of a forward or add loop: weight (and its type), cast before it, and
