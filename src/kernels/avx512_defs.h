@@ -43,6 +43,7 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define M16(n) ((__mmask16)((1u << (n)) - 1u))
 #define M8(n) ((__mmask8)((1u << (n)) - 1u))
 
+#define V_REGS 32
 #define A __m512d
 #define A_ZERO _mm512_setzero_pd()
 #define A_ADD _mm512_add_pd

@@ -25,6 +25,7 @@ static inline void widen_ps(float64x2_t *l, float64x2_t *h, float32x4_t v) {
     *h = vaddq_f64(*h, vcvt_high_f64_f32(v));
 }
 
+#define V_REGS 32
 #define A float64x2_t
 #define A_ZERO vdupq_n_f64(0.0)
 #define A_ADD vaddq_f64

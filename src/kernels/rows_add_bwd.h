@@ -5,43 +5,11 @@
 
 /* Residual add: h = round(x + r). The first pass only reads; the second recomputes h from the
  * cached row, so h and y can both be streamed and h may alias x or r. */
-RMS_INLINE V FN(add_val)(const T *x, const T *r, const void *w, V vr, size_t t, const int hasw,
-                         const int before, V *h) {
-    *h = V_RND(V_ADD(LDX(x, t), LDX(r, t)));
-    V v = V_MUL(*h, vr);
-    if (before)
-        v = V_RND(v);
-    return hasw ? V_MUL(v, LDW(w, t, hasw)) : v;
-}
-
-RMS_INLINE void FN(add_vec)(const T *x, const T *r, T *h, T *y, const void *w, V vr, size_t t,
-                            const int hasw, const int before, const int nt) {
-    V hv, v = FN(add_val)(x, r, w, vr, t, hasw, before, &hv);
-    FN(put)(h, hv, t, nt);
-    FN(put)(y, v, t, nt);
-}
-
 RMS_INLINE void FN(add_span)(const T *x, const T *r, T *h, T *y, const void *w, V vr, size_t n,
                              size_t head, const T *pfx, const T *pfr, int pm, const int hasw,
                              const int before, const int nt) {
-    size_t i = head;
-    if (head)
-        FN(add_vec)(x, r, h, y, w, vr, head, hasw, before, nt);
-#ifdef V_ST2
-    for (; i + 2 * W <= n; i += 2 * W) {
-        FN(pf2)(pfx, pfr, i, pm);
-        V h0, h1, v0 = FN(add_val)(x + i, r + i, W_AT(w, i, hasw), vr, W, hasw, before, &h0);
-        V v1 = FN(add_val)(x + i + W, r + i + W, W_AT(w, i + W, hasw), vr, W, hasw, before, &h1);
-        V_ST2(h + i, h0, h1, nt);
-        V_ST2(y + i, v0, v1, nt);
-    }
-#endif
-    for (; i + W <= n; i += W) {
-        FN(pf2)(pfx, pfr, i, pm);
-        FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, W, hasw, before, nt);
-    }
-    if (i < n)
-        FN(add_vec)(x + i, r + i, h + i, y + i, W_AT(w, i, hasw), vr, n - i, hasw, before, nt);
+    FN(span_rows) s = {x, r, y, h, NULL, w, 0, 0, 0, vr, vr, vr, vr};
+    FN(span)(&s, n, head, pfx, pfr, pm, RMS_S_ADD, hasw, before, 0, nt);
 }
 
 static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const void *w,
@@ -235,53 +203,12 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
 
 /* ---------------------------------------------------------------- backward */
 
-/* dx = r * (g - xhat * c), given vnc = -c: one explicit FMA, so that the compiler has no product
- * left to fuse in one place and not in another, and every path gives the same bits. */
-RMS_INLINE V FN(dx_val)(V g, V xh, V vr, V vnc) { return V_MUL(vr, V_FMA(xh, vnc, g)); }
-
-/* Per row, with xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and
- * the dgamma partial row gains dy * xhat in the same pass (hasdg 1; hasdg 2 stores it). Every
- * intermediate stays near the scale of dy, so huge or tiny rows neither overflow nor underflow. */
-RMS_INLINE V FN(bwd_val)(const T *dy, const T *x, const void *w, C *dg, V vr, V vnc, size_t t,
-                         const int hasw, const int hasdg) {
-    V dyv = LDX(dy, t), xh = V_MUL(LDX(x, t), vr);
-    V g = hasw ? V_MUL(dyv, LDW(w, t, hasw)) : dyv;
-    if (hasdg == 1)
-        STCX(dg, V_FMA(dyv, xh, LDCX(dg, t)), t);
-    else if (hasdg == 2)
-        STCX(dg, V_MUL(dyv, xh), t);
-    return FN(dx_val)(g, xh, vr, vnc);
-}
-
+/* The second pass of the backward over a row (see span_val). */
 RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *dg, V vr, V vnc,
                              size_t n, size_t head, const T *pdy, const T *px, const int hasw,
                              const int hasdg, const int nt) {
-    size_t i = head;
-    const int pm = FN(pf_mode)(n, RMS_P_BWD, 0);
-    if (head)
-        FN(put)(dx, FN(bwd_val)(dy, x, w, dg, vr, vnc, head, hasw, hasdg), head, nt);
-#ifdef V_ST2
-    for (; i + 2 * W <= n; i += 2 * W) {
-        FN(pf2)(pdy, px, i, pm);
-        V o0 = FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vnc, W, hasw,
-                           hasdg);
-        V o1 = FN(bwd_val)(dy + i + W, x + i + W, W_AT(w, i + W, hasw),
-                           hasdg ? dg + i + W : dg, vr, vnc, W, hasw, hasdg);
-        V_ST2(dx + i, o0, o1, nt);
-    }
-#endif
-    for (; i + W <= n; i += W) {
-        FN(pf2)(pdy, px, i, pm);
-        FN(put)(dx + i,
-                FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vnc, W,
-                            hasw, hasdg),
-                W, nt);
-    }
-    if (i < n)
-        FN(put)(dx + i,
-                FN(bwd_val)(dy + i, x + i, W_AT(w, i, hasw), hasdg ? dg + i : dg, vr, vnc, n - i,
-                            hasw, hasdg),
-                n - i, nt);
+    FN(span_rows) s = {dy, x, dx, NULL, dg, w, 0, 0, 0, vr, vnc, vr, vnc};
+    FN(span)(&s, n, head, pdy, px, FN(pf_mode)(n, RMS_P_BWD, 0), RMS_S_BWD, hasw, 0, hasdg, nt);
 }
 
 /* X(hasw, hasdg, nt) with constant arguments for o = (hasw != 0) | hasdg << 1 | nt << 3 |
@@ -340,38 +267,15 @@ RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
         FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vnc, k, 0, pdy, px, hasw, hasdg, 0);
 }
 
-/* t elements of two rows (a at dy, x -> dx; b one stride further) at once, accumulating
+/* The second pass of two rows (a at dy, x -> dx; b one stride further) at once, accumulating
  * dgamma: the weight and the dgamma row are loaded and stored once for both, and dg gains row a's
- * term, then row b's, as it does row by row. */
-RMS_INLINE void FN(bwd_pair_vec)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
-                                 ptrdiff_t dxs, const void *w, C *dg, V vr0, V vnc0, V vr1,
-                                 V vnc1, size_t t, const int hasw, const int nt) {
-    V dyv0 = LDX(dy, t), xh0 = V_MUL(LDX(x, t), vr0);
-    V dyv1 = LDX(dy + dys, t), xh1 = V_MUL(LDX(x + xs, t), vr1);
-    V wv = LDW(w, t, hasw);
-    STCX(dg, V_FMA(dyv1, xh1, V_FMA(dyv0, xh0, LDCX(dg, t))), t);
-    FN(put)(dx, FN(dx_val)(V_MUL(dyv0, wv), xh0, vr0, vnc0), t, nt);
-    FN(put)(dx + dxs, FN(dx_val)(V_MUL(dyv1, wv), xh1, vr1, vnc1), t, nt);
-}
-
-/* The second pass of two rows, as bwd_span is of one; pdy, px: the rows to prefetch, or NULL. */
+ * term, then row b's, as it does row by row. pdy, px: the rows to prefetch, or NULL. */
 RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                                   ptrdiff_t dxs, const void *w, C *dg, V vr0, V vnc0, V vr1,
                                   V vnc1, size_t n, size_t head, const T *pdy, const T *px,
                                   const int hasw, const int nt) {
-    size_t i = head;
-    const int pm = FN(pf_mode)(n, RMS_P_BWD, 0);
-    if (head)
-        FN(bwd_pair_vec)(dy, dys, x, xs, dx, dxs, w, dg, vr0, vnc0, vr1, vnc1, head, hasw, nt);
-    for (; i + W <= n; i += W) {
-        FN(pf2)(pdy, px, i, pm);
-        FN(pf2)(pdy ? pdy + dys : NULL, px ? px + xs : NULL, i, pm);
-        FN(bwd_pair_vec)(dy + i, dys, x + i, xs, dx + i, dxs, W_AT(w, i, hasw), dg + i, vr0,
-                         vnc0, vr1, vnc1, W, hasw, nt);
-    }
-    if (i < n)
-        FN(bwd_pair_vec)(dy + i, dys, x + i, xs, dx + i, dxs, W_AT(w, i, hasw), dg + i, vr0,
-                         vnc0, vr1, vnc1, n - i, hasw, nt);
+    FN(span_rows) s = {dy, x, dx, NULL, dg, w, dys, xs, dxs, vr0, vnc0, vr1, vnc1};
+    FN(span)(&s, n, head, pdy, px, FN(pf_mode)(n, RMS_P_BWD, 0), RMS_S_PAIR, hasw, 0, 1, nt);
 }
 
 /* Rows i and i + 1 (with a weight, accumulating dgamma), given their c; as bwd_row is of one. */
