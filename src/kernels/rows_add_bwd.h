@@ -78,12 +78,13 @@ RMS_INLINE double FN(stage_row)(const T *x, const T *r, T *s, size_t k, const T 
  * V_STB bytes), prefetching the row pf (if any). */
 RMS_INLINE void FN(copy_span)(const T *s, T *h, size_t n, size_t head, const T *pf,
                               const int nt) {
-    size_t i = 0;
+    size_t i = 0, end = n;
     if (nt) {
         memcpy(h, s, head * sizeof(T));
         i = head;
+        end = FN(stream_end)(head, n);
     }
-    for (; i + 2 * W <= n; i += 2 * W) {
+    for (; i + 2 * W <= end; i += 2 * W) {
         if (pf)
             RMS_PREFETCH(pf + i, RMS_PF_L2);
         if (nt) {

@@ -105,6 +105,7 @@ enum { RMS_S_FWD, RMS_S_ADD, RMS_S_BWD, RMS_S_PAIR };
 #define RMS_SPAN_OUTS(kind, hasdg)                                                                 \
     ((kind) == RMS_S_PAIR ? 3 : (kind) == RMS_S_ADD || ((kind) == RMS_S_BWD && (hasdg)) ? 2 : 1)
 #define RMS_SPAN_BMAX 8
+#define RMS_LINE 64
 /* Vector registers of the ISA (V_REGS, optional). */
 #ifndef V_REGS
 #define V_REGS 16
@@ -397,14 +398,21 @@ RMS_INLINE void FN(rstds)(const double *ss, C *rstd, size_t n, const T *x, ptrdi
 
 /* ---------------------------------------------------------------- streaming */
 
-/* Elements to store normally before `p` reaches the streaming alignment (always < W); -1 when
- * `p` can never get there (not even element-aligned). */
+/* Elements to store normally before `p` reaches a cache line (RMS_LINE), where streaming
+ * starts; -1 when `p` can never get there (not even element-aligned). */
 static inline size_t FN(stream_head)(const T *p, size_t n) {
-    size_t mis = (size_t)((uintptr_t)p % V_STB);
+    size_t mis = (size_t)((uintptr_t)p % RMS_LINE);
     if (mis % sizeof(T))
         return (size_t)-1;
-    size_t head = mis ? (V_STB - mis) / sizeof(T) : 0;
+    size_t head = mis ? (RMS_LINE - mis) / sizeof(T) : 0;
     return head < n ? head : n;
+}
+
+/* The end of the whole lines of a streamed span of n elements whose first `head` elements
+ * precede its first whole line. */
+static inline size_t FN(stream_end)(size_t head, size_t n) {
+    const size_t line = RMS_LINE / sizeof(T);
+    return head + (n - head) / line * line;
 }
 
 /* Whether to stream outputs y (and h, when not NULL: both must align at the same element), and
@@ -557,15 +565,16 @@ RMS_INLINE void FN(st_plain)(T *p, V v, size_t t) {
 #undef RMS_PIECE
 }
 
-/* Stores t elements of a span that is streamed when nt: a full vector non-temporally, and the
- * partial vectors at either end of a streamed span through plain stores rather than a masked
- * one: on an AMD EPYC (Zen 4), masked stores into the lines beside streaming stores cost about
- * a read from memory each (float32 forward, one thread, output rows starting 16 bytes past a
- * cache line, ratio to a copy: 65536x1024 1.56-2.09 -> 1.06-1.18, 1M x 64 6.1-6.8 -> 1.5-1.7). */
+/* Stores t elements of a span in mode nt: 0 plain; 1 streamed, a full vector non-temporally;
+ * 2 the partial lines at either end of a streamed span, plainly. Partial vectors of modes 1 and
+ * 2 go through plain stores rather than a masked one: on an AMD EPYC (Zen 4), masked stores
+ * into the lines beside streaming stores cost about a read from memory each (float32 forward,
+ * one thread, output rows starting 16 bytes past a cache line, ratio to a copy: 65536x1024
+ * 1.56-2.09 -> 1.06-1.18, 1M x 64 6.1-6.8 -> 1.5-1.7). */
 RMS_INLINE void FN(put)(T *y, V v, size_t t, const int nt) {
-    if (nt && t == W)
+    if (nt == 1 && t == W)
         V_STNT(y, v);
-    else if (nt)
+    else if (nt && t < W)
         FN(st_plain)(y, v, t);
     else
         STX(y, v, t);
@@ -589,14 +598,14 @@ RMS_INLINE void FN(span_put2)(const FN(span_rows) *s, size_t i, const int kind, 
                               const int nt, const V *v, const V *u) {
 #ifdef V_ST2
     if (kind == RMS_S_ADD)
-        V_ST2(s->h + i, v[1], u[1], nt);
+        V_ST2(s->h + i, v[1], u[1], nt == 1);
     if ((kind == RMS_S_BWD && hasdg) || kind == RMS_S_PAIR) {
         STCX(s->dg + i, v[kind == RMS_S_PAIR ? 2 : 1], W);
         STCX(s->dg + i + W, u[kind == RMS_S_PAIR ? 2 : 1], W);
     }
-    V_ST2(s->o + i, v[0], u[0], nt);
+    V_ST2(s->o + i, v[0], u[0], nt == 1);
     if (kind == RMS_S_PAIR)
-        V_ST2(s->o + s->os + i, v[1], u[1], nt);
+        V_ST2(s->o + s->os + i, v[1], u[1], nt == 1);
 #else
     FN(span_put)(s, i, W, kind, hasdg, nt, v);
     FN(span_put)(s, i + W, W, kind, hasdg, nt, u);
@@ -636,8 +645,11 @@ RMS_INLINE size_t FN(span_block)(const int kind, const int hasdg) {
     return b < 1 ? 1 : b > RMS_SPAN_BMAX ? RMS_SPAN_BMAX : b;
 }
 
-/* A span of n elements, the first `head` of them a partial vector (streamed spans start their
- * full vectors on the streaming alignment), prefetching the rows pa and pb in mode pm. The full
+/* A span of n elements, prefetching the rows pa and pb in mode pm. When streamed (nt), the first
+ * `head` elements precede the first whole cache line, and only whole lines are streamed: the
+ * partial lines at either end take plain stores. A line written by both kinds of store cost up
+ * to a hundred times a copy of it (bfloat16 forward 1M x 64, one thread, output rows starting
+ * 48 bytes into a line: 68-73 -> 3.1-3.3 of a copy; 65536x1024 4.2-4.9 -> 1.3-1.4). The full
  * vectors go in blocks (span_block), each computed before the block ahead of it is stored: a
  * load that follows a store to an address 4 KiB apart in its low 12 bits waits for that store,
  * so when the output lies up to about 128 bytes past the input modulo 4 KiB, as it does for
@@ -649,15 +661,20 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
                          const int hasdg, const int nt) {
     const size_t nb = FN(span_block)(kind, hasdg);
     V v[RMS_SPAN_BMAX][3], u[RMS_SPAN_BMAX][3];
-    size_t i = head;
-    if (head) {
-        FN(span_val)(s, 0, head, kind, hasw, before, hasdg, v[0]);
-        FN(span_put)(s, 0, head, kind, hasdg, nt, v[0]);
+    size_t i = 0, end = n;
+    if (nt) { /* only whole lines are streamed */
+        for (; i < head; i += W) {
+            size_t t = head - i < W ? head - i : W;
+            FN(span_val)(s, i, t, kind, hasw, before, hasdg, v[0]);
+            FN(span_put)(s, i, t, kind, hasdg, 2, v[0]);
+        }
+        i = head;
+        end = FN(stream_end)(head, n);
     }
-    if (i + nb * W <= n) {
+    if (i + nb * W <= end) {
         for (size_t q = 0; q < nb; q++)
             FN(span_val)(s, i + q * W, W, kind, hasw, before, hasdg, v[q]);
-        for (; i + 2 * nb * W <= n; i += nb * W) {
+        for (; i + 2 * nb * W <= end; i += nb * W) {
             for (size_t q = 0; q < nb; q++) {
                 FN(span_pf)(s, pa, pb, i + q * W, pm, kind);
                 FN(span_val)(s, i + (nb + q) * W, W, kind, hasw, before, hasdg, u[q]);
@@ -672,14 +689,16 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
         FN(span_block_put)(s, i, nb, kind, hasdg, nt, v);
         i += nb * W;
     }
-    for (size_t q = (n - i) / W; q; q--, i += W) { /* fewer than nb */
+    for (size_t q = (end - i) / W; q; q--, i += W) { /* fewer than nb */
         FN(span_pf)(s, pa, pb, i, pm, kind);
         FN(span_val)(s, i, W, kind, hasw, before, hasdg, v[0]);
         FN(span_put)(s, i, W, kind, hasdg, nt, v[0]);
     }
-    if (i < n) {
-        FN(span_val)(s, i, n - i, kind, hasw, before, hasdg, v[0]);
-        FN(span_put)(s, i, n - i, kind, hasdg, nt, v[0]);
+    for (; i < n; i += W) {
+        size_t t = n - i < W ? n - i : W;
+        FN(span_pf)(s, pa, pb, i, pm, kind);
+        FN(span_val)(s, i, t, kind, hasw, before, hasdg, v[0]);
+        FN(span_put)(s, i, t, kind, hasdg, nt ? 2 : 0, v[0]);
     }
 }
 
