@@ -352,13 +352,19 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
 }
 
 /* Stream an output of `bytes` in rows of k elements, `stride` apart, from `p`? Only when it
- * would not fit in the cache, and only when rows start on cache lines or are long: a cache line
- * that gets both streamed and ordinary stores (at row ends) costs more than streaming saves. */
+ * would not fit in the cache, and only when rows start on cache lines or span 1 KiB or more.
+ * The kernels stream whole lines only and store the partial lines at a row's ends plainly
+ * (FN(span)); rows that do not start on a line then pay for two plain lines a row, which
+ * streaming outweighs from about 1 KiB (AMD EPYC Zen 4, one thread, ratio to a copy, output
+ * rows 16 bytes into a line, plain -> streamed: float32 forward 65536x1024 1.56 -> 0.99,
+ * 262144x256 1.40 -> 1.04, backward 262144x256 1.63 -> 1.23; bfloat16 forward 65536x1024 2.21
+ * -> 1.28, add 131072x512 2.61 -> 1.92; but bfloat16 add 262144x256 2.25 -> 2.77, backward
+ * 2.20 -> 3.09, and add 1M x 64 2.10 -> 3.72). */
 static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes) {
     if (bytes < stream_bytes)
         return 0;
     int lines = (uintptr_t)p % 64 == 0 && ((size_t)stride * es) % 64 == 0;
-    return lines || k * es >= 8192;
+    return lines || k * es >= 1024;
 }
 
 void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,

@@ -356,6 +356,45 @@ def test_prefetch_choice_does_not_change_results():
     assert np.array_equal(runs[0], runs[1])
 
 
+STREAM_PROBE = """
+import sys, ml_dtypes, numpy as np, rmsnorm
+rng = np.random.default_rng(2)
+out = []
+def at(shape, dt, shift):
+    # an output `shift` elements past a cache line, as np.empty_like(x) may give
+    n = int(np.prod(shape))
+    buf = np.zeros(n + 64, dt)
+    start = (-buf.ctypes.data % 64) // buf.itemsize + shift
+    return buf[start : start + n].reshape(shape)
+for isa in rmsnorm.available_isas():
+    rmsnorm.set_isa(isa)
+    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
+        for m, k in ((40, 64), (9, 1000), (3, 4099)):
+            x = rng.standard_normal((m, k)).astype(dt)
+            r = rng.standard_normal((m, k)).astype(dt)
+            g = rng.uniform(0.5, 1.5, k).astype(dt)
+            for shift in (0, 1, 3, 8):
+                for t in (1, 2):
+                    rmsnorm.set_num_threads(t)
+                    y, rstd = rmsnorm.rms_norm(x, g, out=at(x.shape, dt, shift))
+                    dx, dg = rmsnorm.rms_norm_backward(r, x, g, rstd, out=at(x.shape, dt, shift))
+                    ya, ra, h = rmsnorm.add_rms_norm(
+                        x, r, g, out=at(x.shape, dt, shift), residual_out=at(x.shape, dt, shift)
+                    )
+                    out += [a.ravel().view(np.uint8) for a in (y, rstd, dx, dg, ya, ra, h)]
+sys.stdout.buffer.write(np.concatenate(out).tobytes())
+"""
+
+
+def test_streaming_does_not_change_results():
+    """RMSNORM_STREAM_BYTES=0 streams every output (whole cache lines non-temporally, the
+    partial lines of rows that start or end inside one plainly); a huge value streams none.
+    Every ISA, dtype, output offset and thread count must give the same bits either way."""
+    runs = outputs_under_env(STREAM_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)
+    assert runs[0].size > 0
+    assert np.array_equal(runs[0], runs[1])
+
+
 # ---------------------------------------------------------------------------------------
 # leaks
 
