@@ -54,6 +54,8 @@ enum { RMS_PF_L2, RMS_PF_L1, RMS_PF_L2_HALF };
 /* options of a row loop, switched once per call into constants: weight, round before the
  * weight, non-temporal stores, weight in the storage type */
 enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
+/* FN(put)'s nt for the partial lines at either end of a streamed span */
+#define RMS_EDGE 2
 /* The hasw constant of the loops: 0 no weight, 1 compute-type weight, RMS_HW_S storage-type
  * weight (the same loops as 1 where the two types are one). */
 #define RMS_HW_S (sizeof(T) == sizeof(C) ? 1 : 2)
@@ -493,10 +495,10 @@ RMS_INLINE void FN(pf2)(const T *a, const T *b, size_t i, const int pm) {
 
 /* ---------------------------------------------------------------- second passes */
 
-/* The second pass over a row, a span, of each kind (RMS_S_*). */
-/* A span's rows: inputs a and b (x; x, r; dy, x), outputs o (y; y; dx) and h (the add), the
- * dgamma row dg and the weight w; the second row of a pair lies as, bs and os further along a,
- * b and o. vr, vnc (and vr1, vnc1 for the second row): the rstd and, for the backward, -c. */
+/* A span is the second pass over a row, of a kind RMS_S_*. Its rows: inputs a and b (x; x, r;
+ * dy, x), outputs o (y; y; dx) and h (the add), the dgamma row dg and the weight w; the second
+ * row of a pair lies as, bs and os further along a, b and o. vr, vnc (and vr1, vnc1 for the
+ * second row): the rstd and, for the backward, -c. */
 typedef struct {
     const T *a, *b;
     T *o, *h;
@@ -566,11 +568,11 @@ RMS_INLINE void FN(st_plain)(T *p, V v, size_t t) {
 }
 
 /* Stores t elements of a span in mode nt: 0 plain; 1 streamed, a full vector non-temporally;
- * 2 the partial lines at either end of a streamed span, plainly. Partial vectors of modes 1 and
- * 2 go through plain stores rather than a masked one: on an AMD EPYC (Zen 4), masked stores
- * into the lines beside streaming stores cost about a read from memory each (float32 forward,
- * one thread, output rows starting 16 bytes past a cache line, ratio to a copy: 65536x1024
- * 1.56-2.09 -> 1.06-1.18, 1M x 64 6.1-6.8 -> 1.5-1.7). */
+ * RMS_EDGE the partial lines at either end of a streamed span, plainly. Partial vectors of
+ * modes 1 and RMS_EDGE go through plain stores rather than a masked one: on an AMD EPYC
+ * (Zen 4), masked stores into the lines beside streaming stores cost about a read from memory
+ * each (float32 forward, one thread, output rows starting 16 bytes past a cache line, ratio to
+ * a copy: 65536x1024 1.56-2.09 -> 1.06-1.18, 1M x 64 6.1-6.8 -> 1.5-1.7). */
 RMS_INLINE void FN(put)(T *y, V v, size_t t, const int nt) {
     if (nt == 1 && t == W)
         V_STNT(y, v);
@@ -645,6 +647,21 @@ RMS_INLINE size_t FN(span_block)(const int kind, const int hasdg) {
     return b < 1 ? 1 : b > RMS_SPAN_BMAX ? RMS_SPAN_BMAX : b;
 }
 
+/* Elements [i, e) of a span, a vector at a time up to a partial last one, stored in mode nt
+ * (see put), prefetching as FN(span) does: the partial lines of a streamed span, and the tail
+ * of one that is not. */
+RMS_INLINE void FN(span_plain)(const FN(span_rows) *s, size_t i, size_t e, const T *pa,
+                               const T *pb, int pm, const int kind, const int hasw,
+                               const int before, const int hasdg, const int nt) {
+    for (; i < e; i += W) {
+        size_t t = e - i < W ? e - i : W;
+        V v[3];
+        FN(span_pf)(s, pa, pb, i, pm, kind);
+        FN(span_val)(s, i, t, kind, hasw, before, hasdg, v);
+        FN(span_put)(s, i, t, kind, hasdg, nt, v);
+    }
+}
+
 /* A span of n elements, prefetching the rows pa and pb in mode pm. When streamed (nt), the first
  * `head` elements precede the first whole cache line, and only whole lines are streamed: the
  * partial lines at either end take plain stores. A line written by both kinds of store cost up
@@ -663,11 +680,7 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
     V v[RMS_SPAN_BMAX][3], u[RMS_SPAN_BMAX][3];
     size_t i = 0, end = n;
     if (nt) { /* only whole lines are streamed */
-        for (; i < head; i += W) {
-            size_t t = head - i < W ? head - i : W;
-            FN(span_val)(s, i, t, kind, hasw, before, hasdg, v[0]);
-            FN(span_put)(s, i, t, kind, hasdg, 2, v[0]);
-        }
+        FN(span_plain)(s, 0, head, pa, pb, pm, kind, hasw, before, hasdg, RMS_EDGE);
         i = head;
         end = FN(stream_end)(head, n);
     }
@@ -694,12 +707,7 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
         FN(span_val)(s, i, W, kind, hasw, before, hasdg, v[0]);
         FN(span_put)(s, i, W, kind, hasdg, nt, v[0]);
     }
-    for (; i < n; i += W) {
-        size_t t = n - i < W ? n - i : W;
-        FN(span_pf)(s, pa, pb, i, pm, kind);
-        FN(span_val)(s, i, t, kind, hasw, before, hasdg, v[0]);
-        FN(span_put)(s, i, t, kind, hasdg, nt ? 2 : 0, v[0]);
-    }
+    FN(span_plain)(s, i, n, pa, pb, pm, kind, hasw, before, hasdg, nt ? RMS_EDGE : 0);
 }
 
 /* ---------------------------------------------------------------- forward */
