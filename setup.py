@@ -104,7 +104,7 @@ class BuildExt(build_ext):
         super().build_extensions()
 
     def build_extension(self, ext):
-        # The kernel files take minutes each to compile (one instantiation per dtype x ISA x
+        # The kernel files take a minute or two each to compile (one instantiation per dtype x ISA x
         # option set), and distutils compiles the sources of an extension one after another:
         # compile them on as many CPUs as there are, then let distutils link what it finds.
         jobs = min(len(ext.sources), os.cpu_count() or 1)

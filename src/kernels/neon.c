@@ -3,6 +3,7 @@
  * under the default FPCR), bfloat16 the same exact integer rounding as the x86 files. */
 #include <arm_neon.h>
 
+#define RMS_NO_STREAM /* V_STNT is V_ST: no streamed loops */
 #include "kernels.h"
 #include "convert.h"
 

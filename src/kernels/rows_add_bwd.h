@@ -100,12 +100,13 @@ RMS_INLINE void FN(copy_span)(const T *s, T *h, size_t n, size_t head, const T *
 /* The second pass of a staged row (stage s, rstd rs): y from s as the forward scales x, then
  * h = s, prefetching the rows px and pr (if any), one in each loop. */
 RMS_INLINE void FN(staged_row)(const T *s, T *h, T *y, const void *w, C rs, size_t k, const T *px,
-                               const T *pr, const int hasw, const int before, const int nt) {
-    size_t head;
-    if (nt && FN(plan_stream)(y, NULL, k, RMS_STREAM, &head))
+                               const T *pr, int flags, const int hasw, const int before,
+                               const int nt) {
+    size_t head = 0;
+    if (!nt || FN(plan_stream)(y, NULL, k, RMS_STREAM, &head))
         FN(scale_span)(s, y, w, V_SET(rs), k, head, px, RMS_PF_L2, hasw, before, nt);
-    else
-        FN(scale_span)(s, y, w, V_SET(rs), k, 0, px, RMS_PF_L2, hasw, before, 0);
+    else /* not aligned to its elements, as in fwd_row */
+        FN(scale)(s, y, w, rs, k, flags & ~RMS_STREAM);
     if (nt && FN(plan_stream)(h, NULL, k, RMS_STREAM, &head))
         FN(copy_span)(s, h, k, head, pr, nt);
     else
@@ -144,7 +145,7 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
                                       r + (ptrdiff_t)(next + j) * rs, nxt + j * k, k, NULL, NULL);
             FN(staged_row)(cur + j * k, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys,
                            w, rstd[i + j], k, FN(row_ahead)(x, xs, i + j, pf2, m),
-                           FN(row_ahead)(r, rs, i + j, pf2, m), hasw, before, nt);
+                           FN(row_ahead)(r, rs, i + j, pf2, m), flags, hasw, before, nt);
         }
         n = n2;
     }
@@ -214,24 +215,24 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
 
 /* X(hasw, hasdg, nt) with constant arguments for o = (hasw != 0) | hasdg << 1 | nt << 3 |
  * (hasw == 2) << 4, where hasdg is 0 (none), 1 (accumulate into dg) or 2 (store: one row) and
- * needs a weight; then the fence. */
+ * needs a weight; then the fence. The default is 29 (21 without streamed loops: RMS_NT_ON). */
 #define RMS_SWITCH_BWD(o, flags, X)                                                                \
     do {                                                                                           \
         switch (o) {                                                                               \
         case 0: X(0, 0, 0); break;                                                                 \
-        case 8: X(0, 0, 1); break;                                                                 \
         case 1: X(1, 0, 0); break;                                                                 \
-        case 9: X(1, 0, 1); break;                                                                 \
         case 3: X(1, 1, 0); break;                                                                 \
-        case 11: X(1, 1, 1); break;                                                                \
         case 5: X(1, 2, 0); break;                                                                 \
-        case 13: X(1, 2, 1); break;                                                                \
         case 17: X(RMS_HW_S, 0, 0); break;                                                         \
-        case 25: X(RMS_HW_S, 0, 1); break;                                                         \
         case 19: X(RMS_HW_S, 1, 0); break;                                                         \
-        case 27: X(RMS_HW_S, 1, 1); break;                                                         \
-        case 21: X(RMS_HW_S, 2, 0); break;                                                         \
-        default: X(RMS_HW_S, 2, 1); break;                                                         \
+        RMS_IF_NT(case 8: X(0, 0, 1); break;                                                       \
+                  case 9: X(1, 0, 1); break;                                                       \
+                  case 11: X(1, 1, 1); break;                                                      \
+                  case 13: X(1, 2, 1); break;                                                      \
+                  case 25: X(RMS_HW_S, 0, 1); break;                                               \
+                  case 27: X(RMS_HW_S, 1, 1); break;                                               \
+                  case 21: X(RMS_HW_S, 2, 0); break;)                                              \
+        default: X(RMS_HW_S, 2, RMS_NT_ON); break;                                                 \
         }                                                                                          \
         if ((flags) & RMS_STREAM)                                                                  \
             V_FENCE();                                                                             \
@@ -239,7 +240,8 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
 
 static inline int FN(bwd_opt)(const void *w, const void *dg, int flags, int nt) {
     int hasdg = w && dg ? ((flags & RMS_DG_STORE) ? 2 : 1) : 0;
-    return (w ? 1 : 0) | (hasdg << 1) | (nt ? 8 : 0) | (w && (flags & RMS_W_STORAGE) ? 16 : 0);
+    return (w ? 1 : 0) | (hasdg << 1) | (nt && RMS_NT_ON ? 8 : 0) |
+           (w && (flags & RMS_W_STORAGE) ? 16 : 0);
 }
 
 static void FN(bwd)(const void *dy, const void *x, const void *w, void *dx, double r, double c,
@@ -253,19 +255,21 @@ static void FN(bwd)(const void *dy, const void *x, const void *w, void *dx, doub
 #undef RMS_X
 }
 
+/* Row i, given its c. A row of a streamed loop that plan_stream cannot stream (dx not aligned to
+ * its elements) is stored normally, out of line (FN(bwd)). */
 RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                             ptrdiff_t dxs, const void *w, const C *rstd, C *dg, double c, size_t i,
-                            size_t m, size_t k, size_t d, const int hasw, const int hasdg,
-                            const int nt) {
+                            size_t m, size_t k, size_t d, int flags, const int hasw,
+                            const int hasdg, const int nt) {
     const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
     T *dxr = dx + (ptrdiff_t)i * dxs;
     const T *pdy = FN(row_ahead)(dy, dys, i, d, m), *px = FN(row_ahead)(x, xs, i, d, m);
-    V vr = V_SET(rstd[i]), vnc = V_SET((C)-c);
-    size_t head;
-    if (nt && FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head))
-        FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vnc, k, head, pdy, px, hasw, hasdg, nt);
+    size_t head = 0;
+    if (!nt || FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head))
+        FN(bwd_span)(dyr, xr, w, dxr, dg, V_SET(rstd[i]), V_SET((C)-c), k, head, pdy, px, hasw,
+                     hasdg, nt);
     else
-        FN(bwd_span)(dyr, xr, w, dxr, dg, vr, vnc, k, 0, pdy, px, hasw, hasdg, 0);
+        FN(bwd)(dyr, xr, w, dxr, rstd[i], c, dg, k, flags & ~RMS_STREAM);
 }
 
 /* The second pass of two rows (a at dy, x -> dx; b one stride further) at once, accumulating
@@ -279,30 +283,26 @@ RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdif
     FN(span)(&s, n, head, pdy, px, FN(pf_mode)(n, RMS_P_BWD, 0), RMS_S_PAIR, hasw, 0, 1, nt);
 }
 
-/* Rows i and i + 1 (with a weight, accumulating dgamma), given their c; as bwd_row is of one. */
+/* Rows i and i + 1 (with a weight, accumulating dgamma), given their c; as bwd_row is of one.
+ * Streamed rows that align differently go one at a time (dgamma gains row i's term, then row
+ * i + 1's, in the same order either way). */
 RMS_INLINE void FN(bwd_pair)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, double c0,
-                             double c1, size_t i, size_t m, size_t k, size_t d, const int hasw,
-                             const int nt) {
+                             double c1, size_t i, size_t m, size_t k, size_t d, int flags,
+                             const int hasw, const int nt) {
     const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
     T *dxr = dx + (ptrdiff_t)i * dxs;
     int last = i + 1 + d >= m;
     const T *pdy = last ? NULL : dyr + (ptrdiff_t)d * dys,
             *px = last ? NULL : xr + (ptrdiff_t)d * xs;
-    V vr0 = V_SET(rstd[i]), vnc0 = V_SET((C)-c0), vr1 = V_SET(rstd[i + 1]), vnc1 = V_SET((C)-c1);
-    size_t head, head1;
-    if (nt && FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head) &&
-        FN(plan_stream)(dxr + dxs, NULL, k, RMS_STREAM, &head1)) {
-        if (head == head1) {
-            FN(bwd_pair_span)(dyr, dys, xr, xs, dxr, dxs, w, dg, vr0, vnc0, vr1, vnc1, k, head,
-                              pdy, px, hasw, nt);
-        } else { /* rows that align differently go one at a time */
-            FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c0, i, m, k, d, hasw, 1, nt);
-            FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c1, i + 1, m, k, d, hasw, 1, nt);
-        }
+    size_t head = 0, head1 = 0;
+    if (!nt || (FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head) &&
+                FN(plan_stream)(dxr + dxs, NULL, k, RMS_STREAM, &head1) && head == head1)) {
+        FN(bwd_pair_span)(dyr, dys, xr, xs, dxr, dxs, w, dg, V_SET(rstd[i]), V_SET((C)-c0),
+                          V_SET(rstd[i + 1]), V_SET((C)-c1), k, head, pdy, px, hasw, nt);
     } else {
-        FN(bwd_pair_span)(dyr, dys, xr, xs, dxr, dxs, w, dg, vr0, vnc0, vr1, vnc1, k, 0, pdy, px,
-                          hasw, 0);
+        FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c0, i, m, k, d, flags, hasw, 1, nt);
+        FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c1, i + 1, m, k, d, flags, hasw, 1, nt);
     }
 }
 
@@ -338,7 +338,8 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
         }
         if (RMS_BWD_PAIRS && pairs && !pipe && hasdg == 1 && i + 1 < m) {
             double c1 = FN(bwd_c)(dy, dys, x, xs, w, rstd, i + 1, k, inv_k, hasw);
-            FN(bwd_pair)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c[0], c1, i, m, k, d, hasw, nt);
+            FN(bwd_pair)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c[0], c1, i, m, k, d, flags, hasw,
+                         nt);
             i++; /* g is 1 here */
             continue;
         }
@@ -347,8 +348,8 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
             double cj = c[j];
             if (j < n2)
                 c[j] = FN(bwd_c)(dy, dys, x, xs, w, rstd, next + j, k, inv_k, hasw);
-            FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, cj, i + j, m, k, d, hasw, hasdg,
-                        nt);
+            FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, cj, i + j, m, k, d, flags, hasw,
+                        hasdg, nt);
         }
         n = n2;
     }

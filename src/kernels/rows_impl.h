@@ -59,8 +59,18 @@ enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
 /* The hasw constant of the loops: 0 no weight, 1 compute-type weight, RMS_HW_S storage-type
  * weight (the same loops as 1 where the two types are one). */
 #define RMS_HW_S (sizeof(T) == sizeof(C) ? 1 : 2)
+/* An ISA file whose streaming store is a plain one (V_STNT is V_ST: the scalar and NEON kernels)
+ * defines RMS_NO_STREAM before including this, and its loops are compiled for plain stores only
+ * (RMS_NT_ON 0): the option switches below then leave out their streamed cases. */
+#ifdef RMS_NO_STREAM
+#define RMS_NT_ON 0
+#define RMS_IF_NT(...)
+#else
+#define RMS_NT_ON 1
+#define RMS_IF_NT(...) __VA_ARGS__
+#endif
 /* X(hasw, before, nt) with constant arguments for the options in `opt` (RMS_O_* bits), then
- * the store fence when `flags` streamed */
+ * the store fence when `flags` streamed. The default is 15 (11 without streamed loops). */
 #define RMS_SWITCH3(opt, flags, X)                                                                 \
     do {                                                                                           \
         switch (opt) {                                                                             \
@@ -68,14 +78,14 @@ enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
         case 1: X(1, 0, 0); break;                                                                 \
         case 2: X(0, 1, 0); break;                                                                 \
         case 3: X(1, 1, 0); break;                                                                 \
-        case 4: X(0, 0, 1); break;                                                                 \
-        case 5: X(1, 0, 1); break;                                                                 \
-        case 6: X(0, 1, 1); break;                                                                 \
-        case 7: X(1, 1, 1); break;                                                                 \
         case 9: X(RMS_HW_S, 0, 0); break;                                                          \
-        case 11: X(RMS_HW_S, 1, 0); break;                                                         \
-        case 13: X(RMS_HW_S, 0, 1); break;                                                         \
-        default: X(RMS_HW_S, 1, 1); break;                                                         \
+        RMS_IF_NT(case 4: X(0, 0, 1); break;                                                       \
+                  case 5: X(1, 0, 1); break;                                                       \
+                  case 6: X(0, 1, 1); break;                                                       \
+                  case 7: X(1, 1, 1); break;                                                       \
+                  case 11: X(RMS_HW_S, 1, 0); break;                                               \
+                  case 13: X(RMS_HW_S, 0, 1); break;)                                              \
+        default: X(RMS_HW_S, 1, RMS_NT_ON); break;                                                 \
         }                                                                                          \
         if ((flags) & RMS_STREAM)                                                                  \
             V_FENCE();                                                                             \
@@ -647,14 +657,13 @@ RMS_INLINE size_t FN(span_block)(const int kind, const int hasdg) {
     return b < 1 ? 1 : b > RMS_SPAN_BMAX ? RMS_SPAN_BMAX : b;
 }
 
-/* Elements [i, e) of a span, a vector at a time up to a partial last one, stored in mode nt
- * (see put), prefetching as FN(span) does: the partial lines of a streamed span, and the tail
- * of one that is not. */
+/* Elements [i, e) of a span, a vector at a time up to a partial last one (none when `full`),
+ * stored in mode nt (see put), prefetching as FN(span) does. */
 RMS_INLINE void FN(span_plain)(const FN(span_rows) *s, size_t i, size_t e, const T *pa,
                                const T *pb, int pm, const int kind, const int hasw,
-                               const int before, const int hasdg, const int nt) {
+                               const int before, const int hasdg, const int nt, const int full) {
     for (; i < e; i += W) {
-        size_t t = e - i < W ? e - i : W;
+        size_t t = full || e - i >= W ? W : e - i;
         V v[3];
         FN(span_pf)(s, pa, pb, i, pm, kind);
         FN(span_val)(s, i, t, kind, hasw, before, hasdg, v);
@@ -667,12 +676,15 @@ RMS_INLINE void FN(span_plain)(const FN(span_rows) *s, size_t i, size_t e, const
  * partial lines at either end take plain stores. A line written by both kinds of store cost up
  * to a hundred times a copy of it (bfloat16 forward 1M x 64, one thread, output rows starting
  * 48 bytes into a line: 68-73 -> 3.1-3.3 of a copy; 65536x1024 4.2-4.9 -> 1.3-1.4). The full
- * vectors go in blocks (span_block), each computed before the block ahead of it is stored: a
+ * vectors go in blocks (span_block), each computed before the block behind it is stored: a
  * load that follows a store to an address 4 KiB apart in its low 12 bits waits for that store,
  * so when the output lies up to about 128 bytes past the input modulo 4 KiB, as it does for
  * np.empty_like(x), storing each vector before loading the next made every load wait on a
  * streaming store (AMD EPYC Zen 4, one thread, ratio to a copy, output 16 to 112 bytes past the
- * input: bfloat16 forward 16384x4096 2.0-3.1 -> 1.1-1.4, float32 65536x1024 1.3-1.6 -> 1.1). */
+ * input: bfloat16 forward 16384x4096 2.0-3.1 -> 1.1-1.4, float32 65536x1024 1.3-1.6 -> 1.1).
+ * The block loop holds one copy of the block's arithmetic rather than a first block peeled off
+ * before it: spans are inlined once per dtype x ISA x option set, and the peeled copy made the
+ * AVX2 and AVX-512 kernels 8% larger (and their build as much slower). */
 RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T *pa,
                          const T *pb, int pm, const int kind, const int hasw, const int before,
                          const int hasdg, const int nt) {
@@ -680,34 +692,31 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
     V v[RMS_SPAN_BMAX][3], u[RMS_SPAN_BMAX][3];
     size_t i = 0, end = n;
     if (nt) { /* only whole lines are streamed */
-        FN(span_plain)(s, 0, head, pa, pb, pm, kind, hasw, before, hasdg, RMS_EDGE);
+        FN(span_plain)(s, 0, head, pa, pb, pm, kind, hasw, before, hasdg, RMS_EDGE, 0);
         i = head;
         end = FN(stream_end)(head, n);
     }
-    if (i + nb * W <= end) {
-        for (size_t q = 0; q < nb; q++)
-            FN(span_val)(s, i + q * W, W, kind, hasw, before, hasdg, v[q]);
-        for (; i + 2 * nb * W <= end; i += nb * W) {
-            for (size_t q = 0; q < nb; q++) {
-                FN(span_pf)(s, pa, pb, i + q * W, pm, kind);
-                FN(span_val)(s, i + (nb + q) * W, W, kind, hasw, before, hasdg, u[q]);
-            }
-            FN(span_block_put)(s, i, nb, kind, hasdg, nt, v);
-            for (size_t q = 0; q < nb; q++)
-                for (int o = 0; o < RMS_SPAN_OUTS(kind, hasdg); o++)
-                    v[q][o] = u[q][o];
-        }
-        for (size_t q = 0; q < nb; q++)
+    const size_t first = i;
+    for (size_t q = 0; q < nb; q++) /* v is stored only once computed; zeroed for the compiler */
+        for (int o = 0; o < RMS_SPAN_OUTS(kind, hasdg); o++)
+            v[q][o] = V_SET((C)0);
+    for (; i + nb * W <= end; i += nb * W) {
+        for (size_t q = 0; q < nb; q++) {
             FN(span_pf)(s, pa, pb, i + q * W, pm, kind);
-        FN(span_block_put)(s, i, nb, kind, hasdg, nt, v);
-        i += nb * W;
+            FN(span_val)(s, i + q * W, W, kind, hasw, before, hasdg, u[q]);
+        }
+        if (i != first)
+            FN(span_block_put)(s, i - nb * W, nb, kind, hasdg, nt, v);
+        for (size_t q = 0; q < nb; q++)
+            for (int o = 0; o < RMS_SPAN_OUTS(kind, hasdg); o++)
+                v[q][o] = u[q][o];
     }
-    for (size_t q = (end - i) / W; q; q--, i += W) { /* fewer than nb */
-        FN(span_pf)(s, pa, pb, i, pm, kind);
-        FN(span_val)(s, i, W, kind, hasw, before, hasdg, v[0]);
-        FN(span_put)(s, i, W, kind, hasdg, nt, v[0]);
-    }
-    FN(span_plain)(s, i, n, pa, pb, pm, kind, hasw, before, hasdg, nt ? RMS_EDGE : 0);
+    if (i != first)
+        FN(span_block_put)(s, i - nb * W, nb, kind, hasdg, nt, v);
+    /* fewer than nb full vectors (whole lines when streamed), then the partial ones */
+    FN(span_plain)(s, i, end, pa, pb, pm, kind, hasw, before, hasdg, nt, nt);
+    if (nt)
+        FN(span_plain)(s, end, n, pa, pb, pm, kind, hasw, before, hasdg, RMS_EDGE, 0);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -724,7 +733,7 @@ RMS_INLINE void FN(scale_span)(const T *x, T *y, const void *w, V vr, size_t n, 
 static inline int FN(opts)(const void *w, int flags, int nt) {
     int ws = w && (flags & RMS_W_STORAGE) ? RMS_O_WS : 0;
     return (w ? RMS_O_W : 0) | ws | ((flags & RMS_CAST_BEFORE) ? RMS_O_BEFORE : 0) |
-           (nt ? RMS_O_NT : 0);
+           (nt && RMS_NT_ON ? RMS_O_NT : 0);
 }
 
 /* One row piece with a given rstd (a row split across threads), fenced when streamed. */
@@ -771,19 +780,20 @@ static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
 }
 
 /* The row loops switch their options into constants once per call (RMS_SWITCH3), and inline
- * both passes of every row, so that the fixed cost of a short row stays small. A row that
- * plan_stream cannot stream is stored normally. */
+ * both passes of every row, so that the fixed cost of a short row stays small. A row of a
+ * streamed loop that plan_stream cannot stream (an output not aligned to its elements) is
+ * stored normally, out of line (FN(scale)). */
 RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const void *w,
                             const C *rstd, size_t i, size_t m, size_t k, size_t d, int pm,
-                            const int hasw, const int before, const int nt) {
+                            int flags, const int hasw, const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs;
     const T *pf = FN(row_ahead)(x, xs, i, d, m);
     T *yr = y + (ptrdiff_t)i * ys;
-    size_t head;
-    if (nt && FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head))
+    size_t head = 0;
+    if (!nt || FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head))
         FN(scale_span)(xr, yr, w, V_SET(rstd[i]), k, head, pf, pm, hasw, before, nt);
     else
-        FN(scale_span)(xr, yr, w, V_SET(rstd[i]), k, 0, pf, pm, hasw, before, 0);
+        FN(scale)(xr, yr, w, rstd[i], k, flags & ~RMS_STREAM);
 }
 
 /* Short rows (under RMS_PIPE_BYTES) are pipelined by group: while a group is scaled, row by
@@ -810,7 +820,7 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const
         for (size_t j = 0; j < n; j++) {
             if (j < n2)
                 ss[j] = FN(reduce)(x + (ptrdiff_t)(next + j) * xs, NULL, NULL, (C)1, k, RMS_SQ);
-            FN(fwd_row)(x, xs, y, ys, w, rstd, i + j, m, k, d, pm, hasw, before, nt);
+            FN(fwd_row)(x, xs, y, ys, w, rstd, i + j, m, k, d, pm, flags, hasw, before, nt);
         }
         n = n2;
     }

@@ -1,5 +1,6 @@
 /* Portable scalar kernels: the reference every SIMD family is tested against, and the fallback
  * on any CPU. One "vector" is one element. */
+#define RMS_NO_STREAM /* V_STNT is V_ST: no streamed loops */
 #include "kernels.h"
 #include "convert.h"
 
