@@ -23,7 +23,7 @@ enum {
  * (stride may be negative). Pointers are void so one table type serves every dtype; the
  * compute-type arrays (w, rstd, dgamma partials) are float for 16/32-bit and double for F64.
  * Every buffer is aligned to its element type (the glue copies arrays that are not); an output
- * that is not anyway is stored without streaming, out of line. */
+ * that is not anyway is stored without streaming (out of line in the forward and backward). */
 typedef struct {
     /* Row loops: process rows [0, m). */
     void (*fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, const void *w,
