@@ -51,7 +51,7 @@ static const rms_isa_table *available[RMS_MAX_ISAS];
 static rms_isa_table avx512; /* rms_isa_avx512, with native bfloat16 rounding where available */
 #endif
 static int n_available;
-static int pairs_aliased = 1;
+static size_t pairs_aliased_min = 0;
 static int hw_prefetch = 0;
 static const rms_isa_table *current = &rms_isa_scalar;
 
@@ -71,16 +71,17 @@ static int env_switch(const char *name, int dflt) {
     return s && strcmp(s, "1") == 0 ? 1 : s && strcmp(s, "0") == 0 ? 0 : dflt;
 }
 
-int rms_cpu_pairs_aliased(void) { return pairs_aliased; }
+size_t rms_cpu_pairs_aliased_min(void) { return pairs_aliased_min; }
 
 int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
 
 void rms_dispatch_init(void) {
     int n = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    pairs_aliased = x86_vendor_is("GenuineIntel");
     /* AMD CPUs with AVX-512 (Zen 4 and later); on Zen 3 the software prefetch measured faster. */
     hw_prefetch = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
+    if (!x86_vendor_is("GenuineIntel"))
+        pairs_aliased_min = hw_prefetch ? 32768 : (size_t)-1;
 #endif
     hw_prefetch = env_switch("RMSNORM_HW_PREFETCH", hw_prefetch);
 #if defined(RMSNORM_HAVE_AVX512)

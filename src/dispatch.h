@@ -14,9 +14,10 @@ int rms_isa_list(const rms_isa_table *out[RMS_MAX_ISAS]);
 const rms_isa_table *rms_isa_find(const char *name);
 /* The table in use. Reads and writes are atomic, so calls in flight keep the table they read. */
 const rms_isa_table *rms_isa_current(void);
-/* Whether the backward may pair rows that share their offsets within 4 KiB pages (see
- * rms_backward): on Intel CPUs, where pairing measured faster, and on CPUs other than x86. */
-int rms_cpu_pairs_aliased(void);
+/* The shortest rows, in bytes, that the backward pairs when they share their offsets within
+ * 4 KiB pages (see rms_backward): any on Intel CPUs, where pairing measured faster, and on CPUs
+ * other than x86; 32 KiB on AMD CPUs with AVX-512 (Zen 4 and later); none on other AMD CPUs. */
+size_t rms_cpu_pairs_aliased_min(void);
 /* Whether short rows are left to the hardware prefetcher (RMS_HW_PREFETCH): on AMD CPUs with
  * AVX-512 (Zen 4 and later), whatever kernel family runs on them. */
 int rms_cpu_hw_prefetch(void);

@@ -553,15 +553,19 @@ static int rows_alias(ptrdiff_t s, size_t es) {
 }
 
 /* The backward pairs 32- and 64-bit rows (RMS_ROW_PAIRS) except where two rows of dy, x or dx
- * share their page offsets on a CPU that rms_cpu_pairs_aliased() leaves out. On an AMD EPYC
- * (Zen 3), one thread, float32, rows one at a time against in pairs, ratio to a triad: 8192x4096
+ * share their page offsets and are shorter than rms_cpu_pairs_aliased_min(). On an AMD EPYC
+ * (Zen 3), one thread, float32, such rows in pairs -> one at a time, ratio to a triad: 8192x4096
  * 1.39 -> 0.99, 16384x1024 1.72 -> 0.94, 2048x16384 2.12 -> 1.37; with rows padded off the page
- * offset (8192x2048 in rows of 2080) the pairs were as fast as single rows. */
+ * offset (8192x2048 in rows of 2080) the pairs were as fast as single rows. On an AMD
+ * EPYC (Zen 4), one thread, page-aligned arrays, ratio to two copies, one at a time -> in pairs,
+ * rows of 32 KiB and more gained (8192x8192 1.12-1.27 -> 1.08-1.13, 4096x12288 1.47-1.54 ->
+ * 1.32-1.36, 4096x16384 1.20-1.24 -> 1.19-1.21) and shorter ones lost (16384x4096 1.12-1.15 ->
+ * 1.26-1.30, 65536x1024 1.20-1.27 -> 1.63-1.67). */
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, cs = csize(a->dtype), es = rms_esize(a->dtype);
     int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0);
-    if (rms_cpu_pairs_aliased() ||
+    if (a->k * es >= rms_cpu_pairs_aliased_min() ||
         !(rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;
     if (streamable(a->dx, a->dxs, a->k, es, total * es))
