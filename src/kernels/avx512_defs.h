@@ -47,7 +47,33 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define A __m512d
 #define A_ZERO _mm512_setzero_pd()
 #define A_ADD _mm512_add_pd
-#define A_SUM _mm512_reduce_add_pd
+#define A_SUM rms_hsum_pd
+#define V_HSUM8 rms_hsum8_pd
+
+/* The sum of a's eight lanes: lane j + lane j + 4, then j + j + 2, then 0 + 1 (the order GCC's
+ * _mm512_reduce_add_pd takes, written out so that no compiler picks another). */
+static inline double rms_hsum_pd(__m512d a) {
+    __m256d q = _mm256_add_pd(_mm512_extractf64x4_pd(a, 1), _mm512_castpd512_pd256(a));
+    __m128d h = _mm_add_pd(_mm256_extractf128_pd(q, 1), _mm256_castpd256_pd128(q));
+    return _mm_cvtsd_f64(_mm_add_sd(_mm_unpackhi_pd(h, h), h));
+}
+
+/* rms_hsum_pd of eight vectors at once, into s[0..7]: the same additions of the same pairs,
+ * with the lanes of several rows moved side by side so that each vector addition serves two,
+ * four, then eight rows (14 shuffles and 7 additions where one row at a time takes 48). */
+static inline void rms_hsum8_pd(const __m512d *v, double *s) {
+    __m512d t[4], u[2];
+    for (int r = 0; r < 4; r++) /* [a0..a3 + a4..a7, b0..b3 + b4..b7] */
+        t[r] = _mm512_add_pd(_mm512_shuffle_f64x2(v[2 * r], v[2 * r + 1], 0xEE),
+                             _mm512_shuffle_f64x2(v[2 * r], v[2 * r + 1], 0x44));
+    for (int r = 0; r < 2; r++) /* [a0,a1 + a2,a3, b.., c.., d..] */
+        u[r] = _mm512_add_pd(_mm512_shuffle_f64x2(t[2 * r], t[2 * r + 1], 0xDD),
+                             _mm512_shuffle_f64x2(t[2 * r], t[2 * r + 1], 0x88));
+    const __m512i odd = _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1);
+    const __m512i even = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
+    _mm512_storeu_pd(s, _mm512_add_pd(_mm512_permutex2var_pd(u[0], odd, u[1]),
+                                      _mm512_permutex2var_pd(u[0], even, u[1])));
+}
 #define V_FENCE() _mm_sfence()
 
 /* float compute: f32, f16, bf16 */

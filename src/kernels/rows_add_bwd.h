@@ -56,8 +56,8 @@ RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, 
 
 /* h = round(x + r) of k elements into s, prefetching the rows pfx and pfr (if any); returns the
  * sum of squares of s. */
-RMS_INLINE double FN(stage_row)(const T *x, const T *r, T *s, size_t k, const T *pfx,
-                                const T *pfr) {
+RMS_INLINE A FN(stage_row)(const T *x, const T *r, T *s, size_t k, const T *pfx,
+                           const T *pfr) {
     size_t i = 0;
 #ifdef V_ST2
     for (; i + 2 * W <= k; i += 2 * W) {
@@ -71,7 +71,7 @@ RMS_INLINE double FN(stage_row)(const T *x, const T *r, T *s, size_t k, const T 
     }
     if (i < k)
         V_STP(s + i, V_ADD(V_LDP(x + i, k - i), V_LDP(r + i, k - i)), k - i);
-    return FN(reduce)(s, NULL, NULL, (C)1, k, RMS_SQ);
+    return FN(reduce_a)(s, NULL, NULL, (C)1, k, RMS_SQ);
 }
 
 /* Copies n elements of s into h, the full vectors from `head` on non-temporally when nt (V_CPNT:
@@ -127,21 +127,21 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
     const size_t half = pipe ? RMS_STAGE / 2 : 0; /* g * k < RMS_STAGE / 2 for short rows */
     const size_t pf1 = pipe ? 0 : d, pf2 = pipe ? d : 0; /* 0: no prefetch in that pass */
-    double ss[RMS_GROUP];
+    A sa[RMS_GROUP];
     for (size_t i = 0, p = 0; i < m; i += g, p ^= half) {
         T *cur = st + p, *nxt = st + (p ^ half);
         if (!pipe || i == 0) {
             n = rms_group_rows(i, m, g);
             for (size_t j = 0; j < n; j++)
-                ss[j] = FN(stage_row)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs,
+                sa[j] = FN(stage_row)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs,
                                       cur + j * k, k, FN(row_ahead)(x, xs, i + j, pf1, m),
                                       FN(row_ahead)(r, rs, i + j, pf1, m));
         }
-        FN(rstds)(ss, rstd + i, n, cur, (ptrdiff_t)k, NULL, 0, k, eps, inv_k);
+        FN(rstds)(sa, rstd + i, n, cur, (ptrdiff_t)k, NULL, 0, k, eps, inv_k);
         size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
         for (size_t j = 0; j < n; j++) {
             if (j < n2)
-                ss[j] = FN(stage_row)(x + (ptrdiff_t)(next + j) * xs,
+                sa[j] = FN(stage_row)(x + (ptrdiff_t)(next + j) * xs,
                                       r + (ptrdiff_t)(next + j) * rs, nxt + j * k, k, NULL, NULL);
             FN(staged_row)(cur + j * k, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys,
                            w, rstd[i + j], k, FN(row_ahead)(x, xs, i + j, pf2, m),
@@ -170,21 +170,21 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD, flags), n = 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES, pm = FN(pf_mode)(k, RMS_P_ADD, flags);
-    double ss[RMS_GROUP];
+    A sa[RMS_GROUP];
     for (size_t i = 0; i < m; i += g) {
         if (!pipe || i == 0) {
             n = rms_group_rows(i, m, g);
             for (size_t j = 0; j < n; j++)
-                ss[j] = FN(reduce)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs, NULL,
-                                   (C)1, k, RMS_ADDSQ);
+                sa[j] = FN(reduce_a)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs,
+                                     NULL, (C)1, k, RMS_ADDSQ);
         }
-        FN(rstds)(ss, rstd + i, n, x + (ptrdiff_t)i * xs, xs, r + (ptrdiff_t)i * rs, rs, k, eps,
+        FN(rstds)(sa, rstd + i, n, x + (ptrdiff_t)i * xs, xs, r + (ptrdiff_t)i * rs, rs, k, eps,
                   inv_k);
         size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
         for (size_t j = 0; j < n; j++) {
             if (j < n2)
-                ss[j] = FN(reduce)(x + (ptrdiff_t)(next + j) * xs, r + (ptrdiff_t)(next + j) * rs,
-                                   NULL, (C)1, k, RMS_ADDSQ);
+                sa[j] = FN(reduce_a)(x + (ptrdiff_t)(next + j) * xs,
+                                     r + (ptrdiff_t)(next + j) * rs, NULL, (C)1, k, RMS_ADDSQ);
             FN(add_row)(x, xs, r, rs, h, hs, y, ys, w, rstd, i + j, m, k, d, pm, hasw, before, nt);
         }
         n = n2;
@@ -306,12 +306,11 @@ RMS_INLINE void FN(bwd_pair)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
     }
 }
 
-/* c = sum(dy * w * xhat) / k of row i. */
-RMS_INLINE double FN(bwd_c)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, const void *w,
-                            const C *rstd, size_t i, size_t k, double inv_k, const int hasw) {
-    double s = FN(reduce)(dy + (ptrdiff_t)i * dys, x + (ptrdiff_t)i * xs, w, rstd[i], k,
-                          hasw == 2 ? RMS_DOTWS : hasw ? RMS_DOTW : RMS_DOT);
-    return rms_mean(s, k, inv_k);
+/* sum(dy * w * xhat) of row i, its float64 lanes not yet added up (FN(reduce_a)). */
+RMS_INLINE A FN(bwd_dot)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, const void *w,
+                         const C *rstd, size_t i, size_t k, const int hasw) {
+    return FN(reduce_a)(dy + (ptrdiff_t)i * dys, x + (ptrdiff_t)i * xs, w, rstd[i], k,
+                        hasw == 2 ? RMS_DOTWS : hasw ? RMS_DOTW : RMS_DOT);
 }
 
 /* hasdg: 0 none, 1 accumulate into dg, 2 store (one row). Short 16-bit rows are pipelined by
@@ -329,15 +328,20 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
     const int pairs = (flags & RMS_ROW_PAIRS) != 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = RMS_GROUP > 1 && k * sizeof(T) < RMS_PIPE_BYTES;
-    double c[RMS_GROUP];
+    A dot[RMS_GROUP];
+    double c[RMS_GROUP]; /* c = sum(dy * w * xhat) / k of each row of the group */
     for (size_t i = 0; i < m; i += g) {
         if (!pipe || i == 0) {
             n = rms_group_rows(i, m, g);
             for (size_t j = 0; j < n; j++)
-                c[j] = FN(bwd_c)(dy, dys, x, xs, w, rstd, i + j, k, inv_k, hasw);
+                dot[j] = FN(bwd_dot)(dy, dys, x, xs, w, rstd, i + j, k, hasw);
         }
+        FN(sums)(dot, c, n);
+        for (size_t j = 0; j < n; j++)
+            c[j] = rms_mean(c[j], k, inv_k);
         if (RMS_BWD_PAIRS && pairs && !pipe && hasdg == 1 && i + 1 < m) {
-            double c1 = FN(bwd_c)(dy, dys, x, xs, w, rstd, i + 1, k, inv_k, hasw);
+            double c1 = rms_mean(A_SUM(FN(bwd_dot)(dy, dys, x, xs, w, rstd, i + 1, k, hasw)), k,
+                                 inv_k);
             FN(bwd_pair)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c[0], c1, i, m, k, d, flags, hasw,
                          nt);
             i++; /* g is 1 here */
@@ -345,10 +349,9 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
         }
         size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
         for (size_t j = 0; j < n; j++) {
-            double cj = c[j];
             if (j < n2)
-                c[j] = FN(bwd_c)(dy, dys, x, xs, w, rstd, next + j, k, inv_k, hasw);
-            FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, cj, i + j, m, k, d, flags, hasw,
+                dot[j] = FN(bwd_dot)(dy, dys, x, xs, w, rstd, next + j, k, hasw);
+            FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c[j], i + j, m, k, d, flags, hasw,
                         hasdg, nt);
         }
         n = n2;
