@@ -50,8 +50,8 @@ static inline void widen_ps(__m512d *l, __m512d *h, __m512 v) {
 #define A_SUM rms_hsum_pd
 #define V_HSUM8 rms_hsum8_pd
 
-/* The sum of a's eight lanes: lane j + lane j + 4, then j + j + 2, then 0 + 1 (the order GCC's
- * _mm512_reduce_add_pd takes, written out so that no compiler picks another). */
+/* The sum of a's eight lanes: lane j + lane j + 4, then j + j + 2, then 0 + 1 (the pairs GCC's
+ * _mm512_reduce_add_pd adds, written out so that no compiler picks others). */
 static inline double rms_hsum_pd(__m512d a) {
     __m256d q = _mm256_add_pd(_mm512_extractf64x4_pd(a, 1), _mm512_castpd512_pd256(a));
     __m128d h = _mm_add_pd(_mm256_extractf128_pd(q, 1), _mm256_castpd256_pd128(q));
