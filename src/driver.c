@@ -558,8 +558,8 @@ static int rows_alias(ptrdiff_t s, size_t es) {
  * 1.39 -> 0.99, 16384x1024 1.72 -> 0.94, 2048x16384 2.12 -> 1.37; with rows padded off the page
  * offset (8192x2048 in rows of 2080) the pairs were as fast as single rows. On an AMD
  * EPYC (Zen 4), one thread, page-aligned arrays, ratio to two copies, one at a time -> in pairs,
- * rows of 32 KiB and more gained (8192x8192 1.12-1.27 -> 1.08-1.13, 4096x12288 1.47-1.54 ->
- * 1.32-1.36, 4096x16384 1.20-1.24 -> 1.19-1.21) and shorter ones lost (16384x4096 1.12-1.15 ->
+ * rows of 32 KiB and more gained (8192x8192 1.12-1.27 -> 1.08-1.21, 4096x12288 1.47-1.54 ->
+ * 1.32-1.40, 4096x16384 1.20-1.24 -> 1.19-1.21) and shorter ones lost (16384x4096 1.12-1.15 ->
  * 1.26-1.30, 65536x1024 1.20-1.27 -> 1.63-1.67). */
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {

@@ -775,9 +775,9 @@ static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n,
 /* Rows per group: short 16-bit rows are summed a group at a time so that the latency of each
  * row's reduction, square root and division overlaps the others; the group stays in L1 for the
  * second read. 32- and 64-bit rows go one at a time (but see FN(fwd_group)): there the loop
- * specialised for a single row measured faster, in cache and from memory alike, before the
- * pipelining (1M x 64 float32, one thread: 1.6x a copy in groups of 8, 1.1x one row at a time;
- * 1M x 64 bfloat16: 1.7x in groups, 2.0x one at a time). */
+ * specialised for a single row measured faster, in cache and from memory alike (1M x 64 float32,
+ * one thread: 1.6x a copy in groups of 8, 1.1x one row at a time; 1M x 64 bfloat16: 1.7x in
+ * groups, 2.0x one at a time). */
 #define RMS_GROUP (sizeof(T) >= 4 ? 1 : 8)
 static inline size_t FN(group)(size_t k) {
     size_t g = (16 * 1024) / (k * sizeof(T) + 1);
