@@ -78,10 +78,12 @@ int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
 void rms_dispatch_init(void) {
     int n = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    /* AMD CPUs with AVX-512 (Zen 4 and later); on Zen 3 the software prefetch measured faster. */
-    hw_prefetch = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
+    /* AMD CPUs with AVX-512 (Zen 4 and later); on Zen 3 the software prefetch measured faster,
+     * and so did single rows where the backward's rows share their page offsets. */
+    int amd_avx512 = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
+    hw_prefetch = amd_avx512;
     if (!x86_vendor_is("GenuineIntel"))
-        pairs_aliased_min = hw_prefetch ? 32768 : (size_t)-1;
+        pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
 #endif
     hw_prefetch = env_switch("RMSNORM_HW_PREFETCH", hw_prefetch);
 #if defined(RMSNORM_HAVE_AVX512)

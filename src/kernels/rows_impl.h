@@ -16,7 +16,8 @@
  * V_ST2(p, a, b, nt), storing two vectors at once (the spans store pairs through it), V_REGS,
  * the number of vector registers (16 unless defined), and
  * V_DOT2(acc, p) / V_PACK2DOT(acc, lo, hi), pairwise sums of squares of 2W storage elements
- * (read, or packed from two rounded vectors) for the forward and the add alike.
+ * (read, or packed from two rounded vectors) for the forward and the add alike, and
+ * V_HSUM8(a, s), s[j] = A_SUM(a[j]) for eight accumulators at once (FN(sums)).
  *
  * Row sums end in float64: short runs of compute-type FMAs in several independent accumulators
  * (hiding FMA latency) are flushed into float64 before they can lose accuracy, so the sum is
@@ -778,7 +779,7 @@ static void FN(scale)(const void *x, void *y, const void *w, double r, size_t n,
  * specialised for a single row measured faster, in cache and from memory alike (1M x 64 float32,
  * one thread: 1.6x a copy in groups of 8, 1.1x one row at a time; 1M x 64 bfloat16: 1.7x in
  * groups, 2.0x one at a time). */
-#define RMS_GROUP (sizeof(T) >= 4 ? 1 : 8)
+#define RMS_GROUP (sizeof(T) >= 4 ? 1 : RMS_GROUP_MAX)
 static inline size_t FN(group)(size_t k) {
     size_t g = (16 * 1024) / (k * sizeof(T) + 1);
     return g < 1 ? 1 : g > RMS_GROUP ? RMS_GROUP : g;
