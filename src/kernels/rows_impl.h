@@ -484,10 +484,17 @@ static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, s
  * L1 cannot hold two), backward rows of 16 KiB (8192x4096 float32, two threads: 1.07-1.08 ->
  * 1.11: with the partial dgamma row, five rows in flight overflow L1), and the 16-bit forward,
  * which the arithmetic of its second pass limits at one thread (bfloat16 8192x4096: 1.16 ->
- * 1.18-1.30). */
-static inline int FN(near)(size_t k, const int pass) {
+ * 1.18-1.30).
+ * With RMS_HW_PREFETCH (AMD EPYC Zen 4) forward and add rows of 16 KiB go to L2 too, in its
+ * every-second-line mode: the row, the row ahead and the weight overflow the 32 KiB L1 there.
+ * One thread (two), float32, ratio to the prefetching copy, two builds alternating in one
+ * process: add 16384x4096 1.59-1.71 -> 1.35-1.45 (1.24-1.90 -> 1.18-1.31); forward 16384x4096
+ * 1.56-1.61 -> 1.52-1.57 in four runs of five, 1.53 -> 1.55 in the fifth (1.22-1.26 ->
+ * 1.20-1.22). */
+static inline int FN(near)(size_t k, const int pass, int flags) {
     size_t row = k * sizeof(T);
-    return sizeof(T) >= 4 && row >= 4096 && row <= (pass == RMS_P_BWD ? 8192 : 16384);
+    size_t max = pass == RMS_P_BWD || (flags & RMS_HW_PREFETCH) ? 8192 : 16384;
+    return sizeof(T) >= 4 && row >= 4096 && row <= max;
 }
 
 /* Row i + d of a (stride s), the row to prefetch, or NULL when there is none (d == 0: no
@@ -510,7 +517,7 @@ RMS_INLINE const T *FN(row_ahead)(const T *a, ptrdiff_t s, size_t i, size_t d, s
  * 1.36 -> 2.09; the add the same within 0.06), so 16-bit rows keep every line. The backward's
  * mode depends on no flag. */
 static inline int FN(pf_mode)(size_t k, const int pass, int flags) {
-    if (FN(near)(k, pass))
+    if (FN(near)(k, pass, flags))
         return RMS_PF_L1;
     return (flags & RMS_HW_PREFETCH) && sizeof(T) >= 4 && pass != RMS_P_BWD ? RMS_PF_L2_HALF
                                                                             : RMS_PF_L2;
@@ -799,23 +806,26 @@ static inline size_t FN(fwd_group)(size_t k, const int nt) {
 }
 
 /* How many rows ahead the second pass prefetches (at least a group), so that memory stays busy
- * while the first pass of the rows between runs from cache; 0 for none. With RMS_HW_PREFETCH
- * (the driver sets it on CPUs where it measured faster, see rms_cpu_hw_prefetch), 32- and
- * 64-bit rows of up to 8 KiB (4 KiB in the backward) get no software prefetch: the rows follow
+ * while the first pass of the rows between runs from cache; 0 for none. With RMS_HW_PREFETCH (the
+ * driver sets it on CPUs where it measured faster, see rms_cpu_hw_prefetch), 32- and 64-bit rows
+ * of up to 8 KiB (4 KiB in the backward and the add) get no software prefetch: the rows follow
  * each other, the hardware's stream prefetcher sees one stream and runs further ahead than the
- * software prefetch, which there only competes with it. AMD EPYC (Zen 4), one thread, ratio to
- * a copy (a triad), prefetched -> not: float32 forward 1M x 64 1.67-1.95 -> 0.90-0.93,
- * 65536x1024 1.17-1.34 -> 0.90-0.97, 32768x2048 1.29-1.35 -> 1.07-1.10; float32 backward
- * (rows paired) 1M x 64 1.46 -> 1.02, 262144x256 1.34 -> 1.09; float64 forward 524288x64 1.55
- * -> 0.99. Longer rows measured slower without (float32 forward 16384x4096 1.36 -> 1.41-1.63,
- * backward 32768x2048 1.69 -> 1.80), and so did most 16-bit rows, whose second pass does more
- * arithmetic (bfloat16 forward 16384x4096 1.07 -> 2.03). */
+ * software prefetch, which there only competes with it. AMD EPYC (Zen 4), one thread, ratio to a
+ * copy (a triad), prefetched -> not: float32 forward 1M x 64 1.67-1.95 -> 0.90-0.93, 65536x1024
+ * 1.17-1.34 -> 0.90-0.97, 32768x2048 1.29-1.35 -> 1.07-1.10; float32 backward (rows paired) 1M x
+ * 64 1.46 -> 1.02, 262144x256 1.34 -> 1.09; float64 forward 524288x64 1.55 -> 0.99. Longer rows
+ * measured slower without (float32 forward 16384x4096 1.36 -> 1.41-1.63, backward 32768x2048 1.69
+ * -> 1.80), and so did most 16-bit rows, whose second pass does more arithmetic (bfloat16 forward
+ * 16384x4096 1.07 -> 2.03). The add reads two rows, and its rows of 8 KiB measured faster with the
+ * software prefetch (float32, one thread, ratio to the prefetching copies, two builds alternating:
+ * 8192x2048 1.85-1.93 -> 1.43-1.52, 16384x2048 1.86-1.89 -> 1.44-1.52; two threads 8192x2048
+ * 1.47-1.49 -> 1.20-1.42). */
 static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
     if ((flags & RMS_HW_PREFETCH) && sizeof(T) >= 4 &&
-        k * sizeof(T) <= (pass == RMS_P_BWD ? 4096u : 8192u))
+        k * sizeof(T) <= (pass == RMS_P_FWD ? 8192u : 4096u))
         return 0;
     size_t bytes = k * sizeof(T) * (pass == RMS_P_FWD ? 1 : 2);
-    size_t reach = FN(near)(k, pass) ? 16 * 1024 : 64 * 1024;
+    size_t reach = FN(near)(k, pass, flags) ? 16 * 1024 : 64 * 1024;
     size_t d = (reach + bytes - 1) / (bytes ? bytes : 1);
     return d < g ? g : d;
 }
