@@ -487,10 +487,9 @@ static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, s
  * 1.18-1.30).
  * With RMS_HW_PREFETCH (AMD EPYC Zen 4) forward and add rows of 16 KiB go to L2 too, in its
  * every-second-line mode: the row, the row ahead and the weight overflow the 32 KiB L1 there.
- * One thread (two), float32, ratio to the prefetching copy, two builds alternating in one
- * process: add 16384x4096 1.59-1.71 -> 1.35-1.45 (1.24-1.90 -> 1.18-1.31); forward 16384x4096
- * 1.56-1.61 -> 1.52-1.57 in four runs of five, 1.53 -> 1.55 in the fifth (1.22-1.26 ->
- * 1.20-1.22). */
+ * One thread, ratio to the prefetching copy, two builds alternating in one process: float32
+ * add 16384x4096 1.46-1.51 -> 1.15-1.18, forward 16384x4096 1.31-1.32 -> 1.15-1.16; float64
+ * forward 8192x2048 1.84-1.85 -> 1.49-1.50. */
 static inline int FN(near)(size_t k, const int pass, int flags) {
     size_t row = k * sizeof(T);
     size_t max = pass == RMS_P_BWD || (flags & RMS_HW_PREFETCH) ? 8192 : 16384;
@@ -818,8 +817,7 @@ static inline size_t FN(fwd_group)(size_t k, const int nt) {
  * -> 1.80), and so did most 16-bit rows, whose second pass does more arithmetic (bfloat16 forward
  * 16384x4096 1.07 -> 2.03). The add reads two rows, and its rows of 8 KiB measured faster with the
  * software prefetch (float32, one thread, ratio to the prefetching copies, two builds alternating:
- * 8192x2048 1.85-1.93 -> 1.43-1.52, 16384x2048 1.86-1.89 -> 1.44-1.52; two threads 8192x2048
- * 1.47-1.49 -> 1.20-1.42). */
+ * 8192x2048 1.66-1.67 -> 1.53-1.60, 16384x2048 1.85 -> 1.71). */
 static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
     if ((flags & RMS_HW_PREFETCH) && sizeof(T) >= 4 &&
         k * sizeof(T) <= (pass == RMS_P_FWD ? 8192u : 4096u))
