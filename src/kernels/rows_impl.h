@@ -795,8 +795,9 @@ static inline size_t FN(group)(size_t k) {
  * groups of RMS_GROUP_MAX too, pipelined and with their rstd through V_RSTD8. A row that short
  * is limited by the latency of its own reduction, square root and division, which a single row
  * leaves exposed (in cache, 1024 rows of 64: 12.7 ns a row). AMD EPYC (Zen 4), one thread, two
- * builds alternating in one process, ratio to a copy: 1M x 64 into a page-aligned out=
- * 1.31-1.50 -> 1.08-1.19 (AVX2 1.33-1.37 -> 1.22-1.30), 2M x 32 1.90-2.11 -> 1.55-1.91. With
+ * builds alternating in one process, ratio to a copy, into a page-aligned out=: 2M x 32
+ * 2.04-2.09 -> 1.63-1.67; 1M x 64 AVX2 1.38-1.39 -> 1.25-1.28, AVX-512 the same within noise
+ * (1.29-1.41 -> 1.31-1.38, new slower in 4 runs of 6, by up to 0.04). With
  * plain stores the groups measured slower from L3 and from memory (65536x64 0.95-1.02 ->
  * 1.36-1.46; 1M x 64 into np.empty_like, whose rows do not start on a line, 1.50-1.57 ->
  * 1.67-1.83), so those rows stay one at a time. */
