@@ -18,8 +18,9 @@ const rms_isa_table *rms_isa_current(void);
  * 4 KiB pages (see rms_backward): any on Intel CPUs, where pairing measured faster, and on CPUs
  * other than x86; 32 KiB on AMD CPUs with AVX-512 (Zen 4 and later); none on other AMD CPUs. */
 size_t rms_cpu_pairs_aliased_min(void);
-/* Whether short rows are left to the hardware prefetcher (RMS_HW_PREFETCH): on AMD CPUs with
- * AVX-512 (Zen 4 and later), whatever kernel family runs on them. */
+/* Whether the kernels lean on the CPU's own prefetcher (RMS_HW_PREFETCH: short rows left to it,
+ * longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512 (Zen 4 and
+ * later), whatever kernel family runs on them. */
 int rms_cpu_hw_prefetch(void);
 void rms_isa_select(const rms_isa_table *t);
 

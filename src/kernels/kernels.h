@@ -16,7 +16,7 @@ enum {
     RMS_DG_STORE = 4,    /* backward: store dgamma terms instead of accumulating (one row) */
     RMS_W_STORAGE = 8,   /* w holds x's storage type (offset 0) rather than the compute type */
     RMS_ROW_PAIRS = 16,  /* backward: 32- and 64-bit rows through the second pass two at a time */
-    RMS_HW_PREFETCH = 32 /* short rows are left to the hardware prefetcher (see FN(ahead)) */
+    RMS_HW_PREFETCH = 32 /* lean on the hardware prefetcher (FN(ahead), FN(near), FN(pf_mode)) */
 };
 
 /* A 2-D view: m rows of k contiguous elements, consecutive rows `stride` elements apart
