@@ -92,6 +92,11 @@ REP_BUDGET_S = 8.0  # fewer repetitions when one round of all contenders is slow
 SMALL_BYTES = 1 << 20  # rows moving fewer bytes also get a timeit-style us/call
 MIN_REPS = 3
 WARM_AGAIN_S = 0.25  # warm-up calls faster than this are repeated once
+# XLA's CPU worker threads keep spinning for some tens of milliseconds after a call returns, and
+# whatever runs next on the same cores pays for it (2 cores, float32 8192x4096 backward at 2
+# threads: 13.7 ms alone, 33.7 ms right after a jax.jit call, 22.2 ms after a 20 ms pause, 14.4 ms
+# after 50 ms). So the next contender starts this long after any call that ran XLA.
+XLA_SETTLE_S = 0.1
 # Shown in the header: OpenMP's wait policy changes multi-thread timings a lot on small VMs.
 OMP_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_NUM_THREADS")
 
@@ -586,8 +591,9 @@ def warm_up(calls: dict, known_slow: set) -> tuple[dict, set]:
     return estimates, skipped
 
 
-def measure(calls: dict, estimates: dict, reps: int) -> dict:
-    """Median seconds per call; contenders interleaved within each repetition."""
+def measure(calls: dict, estimates: dict, reps: int, settle_after=frozenset()) -> dict:
+    """Median seconds per call; contenders interleaved within each repetition. Each contender
+    named in settle_after (those that run XLA) is followed by a pause of XLA_SETTLE_S."""
     loops = {name: max(1, int(SAMPLE_S / max(t, 1e-9))) for name, t in estimates.items()}
     samples = {name: [] for name in estimates}
     gc.disable()
@@ -599,6 +605,8 @@ def measure(calls: dict, estimates: dict, reps: int) -> dict:
                 for _ in range(n):
                     fn()
                 samples[name].append((time.perf_counter() - start) / n)
+                if name in settle_after:
+                    time.sleep(XLA_SETTLE_S)
     finally:
         gc.enable()
     return {name: statistics.median(values) for name, values in samples.items()}
@@ -618,7 +626,8 @@ def time_row(row: Row, calls: dict, reps: int, known_slow: set) -> Row:
     known_slow |= row.skipped
     round_seconds = sum(estimates.values())
     row.reps = max(MIN_REPS, min(reps, int(REP_BUDGET_S / max(round_seconds, 1e-9))))
-    row.seconds = measure(calls, estimates, row.reps)
+    xla = {"jax", "ours"} if row.op.startswith("jax.") else {"jax"}
+    row.seconds = measure(calls, estimates, row.reps, xla)
     if "copy_pf" in row.seconds:  # the roofline: the faster copy on this CPU
         row.seconds["copy"] = min(row.seconds["copy"], row.seconds["copy_pf"])
     if row.bytes_moved < SMALL_BYTES:
@@ -1031,7 +1040,8 @@ def header_lines(args, peers: Peers) -> list:
         ),
         (
             f"ours: {'allocating outputs' if args.alloc else 'out= preallocated'}; eps={EPS}; "
-            f"median of up to {args.reps} interleaved repetitions after warm-up; "
+            f"median of up to {args.reps} interleaved repetitions after warm-up "
+            f"({XLA_SETTLE_S:g} s pause after each call that ran XLA); "
             f"large freed blocks {freed}"
         ),
         (
