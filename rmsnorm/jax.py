@@ -15,6 +15,10 @@ Two backends, chosen at import (``BACKEND``):
 * ``"callback"``: ``jax.pure_callback``, which copies arguments and results. It is used when no
   compiler is available or ``RMSNORM_JAX_FFI=0``. Under vmap the callbacks use
   ``vmap_method="expand_dims"``: a batch with a shared weight is one kernel call.
+
+The FFI handlers are registered for the CPU only. Where XLA compiles for another platform (arrays
+on a GPU with a CUDA or ROCm JAX), the call takes the ``pure_callback`` path there: the arrays are
+copied to the host and back, and the same kernels run on the host's cores.
 """
 
 import ctypes
@@ -126,7 +130,11 @@ _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 def _forward(x, weight, eps, offset):
     """(y, rstd) from the kernels."""
     if BACKEND == "ffi":
-        return _ffi_forward(x, weight, eps, offset)
+        return _on_platform(_ffi_forward, _callback_forward, (x, weight), (eps, offset))
+    return _callback_forward(x, weight, eps, offset)
+
+
+def _callback_forward(x, weight, eps, offset):
     norm_ndim = 1 if weight is None else weight.ndim
     result_shapes = (
         jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -139,7 +147,11 @@ def _forward(x, weight, eps, offset):
 def _backward(dy, x, weight, rstd, offset):
     """(dx, dweight) from the kernels; dweight is None when weight is None."""
     if BACKEND == "ffi":
-        return _ffi_backward(dy, x, weight, rstd, offset)
+        return _on_platform(_ffi_backward, _callback_backward, (dy, x, weight, rstd), (offset,))
+    return _callback_backward(dy, x, weight, rstd, offset)
+
+
+def _callback_backward(dy, x, weight, rstd, offset):
     if weight is None:
         result_shapes = (jax.ShapeDtypeStruct(x.shape, x.dtype), None)
     else:
@@ -149,6 +161,19 @@ def _backward(dy, x, weight, rstd, offset):
         )
     host = functools.partial(_host_backward, offset=offset, x_ndim=x.ndim)
     return jax.pure_callback(host, result_shapes, dy, x, weight, rstd, vmap_method="expand_dims")
+
+
+def _on_platform(ffi, callback, arrays, floats):
+    """``ffi(*arrays, *floats)`` where XLA compiles for the CPU, ``callback(...)`` elsewhere.
+
+    The FFI handlers are registered for the CPU only. Where the arrays live on another device
+    (a GPU, say), the host callback copies them to the host and back and runs the same kernels.
+    The floats (eps, offset) stay Python floats: only the arrays go through the branch."""
+    return jax.lax.platform_dependent(
+        *arrays,
+        cpu=lambda *a: ffi(*a, *floats),
+        default=lambda *a: callback(*a, *floats),
+    )
 
 
 # Host side. Under vmap(expand_dims) every argument gets the same number of new leading axes,

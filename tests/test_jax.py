@@ -256,6 +256,39 @@ def test_ffi_backend_is_used_where_it_can_be_built():
     assert rj.BACKEND == "ffi", rj.FFI_ERROR
 
 
+def test_ffi_custom_calls_are_what_the_cpu_compiles():
+    """Where XLA compiles for the CPU, the jitted forward and gradient are the FFI custom calls
+    (the host callback is only the fallback for arrays on other devices)."""
+    if rj.BACKEND != "ffi":
+        pytest.skip("the pure_callback backend is in use")
+    x, weight, dy, offset = inputs(CASES[0], np.float32)
+    cpu = jax.devices("cpu")[0]
+    x, weight, dy = (jax.device_put(a, cpu) for a in (x, weight, dy))
+    grad = jax.jit(jax.grad(loss(rj.rms_norm, offset), (0, 1)))
+    text = grad.trace(x, weight, dy).lower(lowering_platforms=("cpu",)).as_text()
+    assert "rmsnorm_forward" in text and "rmsnorm_backward" in text
+    assert "callback" not in text
+
+
+@pytest.mark.skipif(
+    jax.default_backend() == "cpu", reason="JAX's default device is the CPU (no GPU/TPU JAX)"
+)
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["f32", "bf16"])
+def test_arrays_on_another_device_go_through_the_host(dtype):
+    """With a GPU JAX, arrays live on the GPU, where no FFI handler is registered: the adapter
+    copies them through the host and runs the same kernels there, jitted and under grad."""
+    case = CASES[0]
+    x, weight, dy, offset = inputs(case, dtype)
+    assert x.devices() == {jax.devices()[0]}
+    expected = reference(x, weight, 1e-6, offset)
+    jitted = jax.jit(rj.rms_norm, static_argnums=(2, 3))
+    assert_close(jitted(x, weight, 1e-6, offset), expected)
+    ours = jax.jit(jax.grad(loss(rj.rms_norm, offset), (0, 1)))(x, weight, dy)
+    theirs = jax.jit(jax.grad(loss(reference, offset), (0, 1)))(x, weight, dy)
+    for got, want in zip(ours, theirs, strict=True):
+        assert_close(got, want)
+
+
 REUSE_PROBE = """
 import ctypes, threading, numpy as np, rmsnorm.jax as rj
 class Info(ctypes.Structure):
