@@ -552,8 +552,9 @@ static int rows_alias(ptrdiff_t s, size_t es) {
     return b < 256 || b > 4096 - 256;
 }
 
-/* The backward pairs 32- and 64-bit rows (RMS_ROW_PAIRS) except where two rows of dy, x or dx
- * share their page offsets and are shorter than rms_cpu_pairs_aliased_min(). On an AMD EPYC
+/* The backward pairs 32- and 64-bit rows, and long 16-bit rows on AVX-512 (RMS_ROW_PAIRS: see
+ * bwd_loop in rows_add_bwd.h), except where two rows of dy, x or dx share their page offsets and
+ * are shorter than rms_cpu_pairs_aliased_min(). On an AMD EPYC
  * (Zen 3), one thread, float32, such rows in pairs -> one at a time, ratio to a triad: 8192x4096
  * 1.39 -> 0.99, 16384x1024 1.72 -> 0.94, 2048x16384 2.12 -> 1.37; with rows padded off the page
  * offset (8192x2048 in rows of 2080) the pairs were as fast as single rows. On an AMD

@@ -15,7 +15,7 @@ enum {
     RMS_STREAM = 2,      /* non-temporal stores for outputs larger than the cache */
     RMS_DG_STORE = 4,    /* backward: store dgamma terms instead of accumulating (one row) */
     RMS_W_STORAGE = 8,   /* w holds x's storage type (offset 0) rather than the compute type */
-    RMS_ROW_PAIRS = 16,  /* backward: 32- and 64-bit rows through the second pass two at a time */
+    RMS_ROW_PAIRS = 16,  /* backward: rows through the second pass two at a time (bwd_loop) */
     RMS_HW_PREFETCH = 32 /* lean on the hardware prefetcher (FN(ahead), FN(near), FN(pf_mode)) */
 };
 

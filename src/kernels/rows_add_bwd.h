@@ -318,9 +318,15 @@ RMS_INLINE A FN(bwd_dot)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, c
  * 64-bit rows measured slower that way (float32 1.05 -> 1.07). Accumulating dgamma, they go two
  * at a time through the second pass instead, which loads the weight and the dgamma row once for
  * both (float32, one thread: 64 x 4096 from 176 to 147 us, 512 x 12288 from 7.7 to 6.9 ms,
- * 8192 x 4096 2% faster); 16-bit rows keep their paired-vector stores one row at a time. Pairs
- * run where the driver asks (RMS_ROW_PAIRS, `pairs`): see rms_backward. */
-#define RMS_BWD_PAIRS (sizeof(T) >= 4)
+ * 8192 x 4096 2% faster). 16-bit rows go in pairs too where the ISA has the registers to keep
+ * its paired-vector stores for both rows (RMS_PAIRS_16: AVX-512) and the rows are 8 KiB or
+ * longer: there the float32 dgamma row, twice the bytes of each input row, is read and written
+ * once for two rows (see avx512_defs.h for the figures). Pairs run where the driver asks
+ * (RMS_ROW_PAIRS, `pairs`): see rms_backward. */
+#ifndef RMS_PAIRS_16
+#define RMS_PAIRS_16 0
+#endif
+#define RMS_BWD_PAIRS (sizeof(T) >= 4 || RMS_PAIRS_16)
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m, size_t k,
                              int flags, const int hasw, const int hasdg, const int nt) {
@@ -328,6 +334,9 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
     const int pairs = (flags & RMS_ROW_PAIRS) != 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = RMS_GROUP > 1 && k * sizeof(T) < RMS_PIPE_BYTES;
+    /* rows in pairs: one at a time (g == 1) otherwise */
+    const int paired = RMS_BWD_PAIRS && pairs && hasdg == 1 && g == 1 && !pipe &&
+                       (sizeof(T) >= 4 || k * sizeof(T) >= 8192);
     A dot[RMS_GROUP];
     double c[RMS_GROUP]; /* c = sum(dy * w * xhat) / k of each row of the group */
     for (size_t i = 0; i < m; i += g) {
@@ -339,12 +348,12 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
         FN(sums)(dot, c, n);
         for (size_t j = 0; j < n; j++)
             c[j] = rms_mean(c[j], k, inv_k);
-        if (RMS_BWD_PAIRS && pairs && !pipe && hasdg == 1 && i + 1 < m) {
+        if (paired && i + 1 < m) {
             double c1 = rms_mean(A_SUM(FN(bwd_dot)(dy, dys, x, xs, w, rstd, i + 1, k, hasw)), k,
                                  inv_k);
             FN(bwd_pair)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c[0], c1, i, m, k, d, flags, hasw,
                          nt);
-            i++; /* g is 1 here */
+            i++;
             continue;
         }
         size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
