@@ -326,7 +326,8 @@ RMS_INLINE A FN(bwd_dot)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, c
 #ifndef RMS_PAIRS_16
 #define RMS_PAIRS_16 0
 #endif
-#define RMS_BWD_PAIRS (sizeof(T) >= 4 || RMS_PAIRS_16)
+/* Whether rows of k elements may go in pairs */
+#define RMS_BWD_PAIRS(k) (sizeof(T) >= 4 || (RMS_PAIRS_16 && (k) * sizeof(T) >= 8192))
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m, size_t k,
                              int flags, const int hasw, const int hasdg, const int nt) {
@@ -334,9 +335,8 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
     const int pairs = (flags & RMS_ROW_PAIRS) != 0;
     const double inv_k = rms_inv_pow2(k);
     const int pipe = RMS_GROUP > 1 && k * sizeof(T) < RMS_PIPE_BYTES;
-    /* rows in pairs: one at a time (g == 1) otherwise */
-    const int paired = RMS_BWD_PAIRS && pairs && hasdg == 1 && g == 1 && !pipe &&
-                       (sizeof(T) >= 4 || k * sizeof(T) >= 8192);
+    /* pairs replace rows one at a time (g == 1), never a group */
+    const int paired = RMS_BWD_PAIRS(k) && pairs && hasdg == 1 && g == 1;
     A dot[RMS_GROUP];
     double c[RMS_GROUP]; /* c = sum(dy * w * xhat) / k of each row of the group */
     for (size_t i = 0; i < m; i += g) {
