@@ -248,14 +248,18 @@ static inline int FN(bwd_opt)(const void *w, const void *dg, int flags, int nt) 
  * RMS_OOL_BYTES or more take it rather than the copy inlined in the row loop: alone in a function,
  * the loop keeps its pointers in registers (inlined in the row loop, the dgamma and weight
  * pointers, the end of the row and the test of the prefetch row were reloaded from the stack on
- * every vector; bfloat16 on AVX2: 33 -> 29 instructions a vector). AMD EPYC (Zen 3), one thread
- * (two), two builds alternating in one process, new time over old: bfloat16 64x4096 in cache
- * 0.92-0.93, float16 0.88; from memory bfloat16 16384x4096 0.92 (0.91), 4096x12288 0.90 (0.95),
- * float16 16384x4096 0.86 (0.86); the same bits. The
- * same for the pairs of float32 rows gained nothing (64x4096 in cache 1.01), and the forward's
- * second pass out of line, whose prefetch mode then stayed a variable, lost 7% in cache (bfloat16
- * 64x4096). */
-#define RMS_OOL_BYTES 4096
+ * every vector; bfloat16 on AVX2: 33 -> 29 instructions a vector). AMD EPYC (Zen 3), AVX2, two
+ * builds alternating in one process, new time over old, one thread (two); the same bits:
+ *   in cache: bfloat16 64x4096 0.92-0.93, 256x1024 0.93; float16 64x4096 0.88;
+ *   from memory: bfloat16 16384x4096 0.92 (0.91), 4096x12288 0.90 (0.95), 65536x1024 0.92
+ *   (0.85); float16 16384x4096 0.86 (0.86), 65536x1024 0.85 (0.90).
+ * Rows of 512 bytes gained less and less surely (bfloat16 131072x256 0.93-0.97), and rows of 64
+ * elements lost 10-17% (the call). On the 16-core Xeon (AVX-512) the same within noise (bfloat16
+ * 65536x2048 1.01 at one thread, 0.97 at 16). Pairs of rows out of line gained nothing: float32
+ * on AVX2 (64x4096 in cache 1.01), 16-bit on AVX-512 (bfloat16 32768x8192 1.00 at 1 and 16
+ * threads, float16 0.95 and 1.01). The forward's second pass out of line lost 4-7% in cache
+ * (bfloat16 64x4096 on AVX2) and was not kept. */
+#define RMS_OOL_BYTES 1024
 static __attribute__((noinline)) void FN(bwd_span_ool)(const T *dy, const T *x, const void *w,
                                                        T *dx, C *dg, V vr, V vnc, size_t n,
                                                        size_t head, const T *pdy, const T *px,
