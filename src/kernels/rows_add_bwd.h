@@ -254,8 +254,9 @@ static inline int FN(bwd_opt)(const void *w, const void *dg, int flags, int nt) 
  *   from memory: bfloat16 16384x4096 0.92 (0.91), 4096x12288 0.90 (0.95), 65536x1024 0.92
  *   (0.85); float16 16384x4096 0.86 (0.86), 65536x1024 0.85 (0.90).
  * Rows of 512 bytes gained less and less surely (bfloat16 131072x256 0.93-0.97), and rows of 64
- * elements lost 10-17% (the call). On the 16-core Xeon (AVX-512) the same within noise (bfloat16
- * 65536x2048 1.01 at one thread, 0.97 at 16). Pairs of rows out of line gained nothing: float32
+ * elements lost 10-17% (the call). On the 16-core Xeon (AVX-512), one thread / 16: bfloat16
+ * 65536x2048 0.99 / 0.95, 131072x1024 0.95 / 1.01, 262144x512 0.84 / 0.95; float16 131072x1024
+ * 1.02 / 0.98; 256x1024 in cache 1.00. Pairs of rows out of line gained nothing: float32
  * on AVX2 (64x4096 in cache 1.01), 16-bit on AVX-512 (bfloat16 32768x8192 1.00 at 1 and 16
  * threads, float16 0.95 and 1.01). The forward's second pass out of line lost 4-7% in cache
  * (bfloat16 64x4096 on AVX2) and was not kept. */
