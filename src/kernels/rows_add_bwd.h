@@ -238,10 +238,14 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
             V_FENCE();                                                                             \
     } while (0)
 
+/* RMS_SWITCH_BWD's o for hasw 0, 1 or 2 (storage-type weight), hasdg and nt */
+static inline int FN(bwd_o)(int hasw, int hasdg, int nt) {
+    return (hasw != 0) | hasdg << 1 | (nt && RMS_NT_ON ? 8 : 0) | (hasw == 2) << 4;
+}
+
 static inline int FN(bwd_opt)(const void *w, const void *dg, int flags, int nt) {
     int hasdg = w && dg ? ((flags & RMS_DG_STORE) ? 2 : 1) : 0;
-    return (w ? 1 : 0) | (hasdg << 1) | (nt && RMS_NT_ON ? 8 : 0) |
-           (w && (flags & RMS_W_STORAGE) ? 16 : 0);
+    return FN(bwd_o)(w ? ((flags & RMS_W_STORAGE) ? 2 : 1) : 0, hasdg, nt);
 }
 
 /* bwd_span out of line for the options o (RMS_SWITCH_BWD's), with no fence. Rows of
@@ -294,7 +298,7 @@ RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
         FN(bwd)(dyr, xr, w, dxr, rstd[i], c, dg, k, flags & ~RMS_STREAM);
     else if (k * sizeof(T) >= RMS_OOL_BYTES)
         FN(bwd_span_ool)(dyr, xr, w, dxr, dg, V_SET(rstd[i]), V_SET((C)-c), k, head, pdy, px,
-                         (hasw != 0) | hasdg << 1 | nt << 3 | (hasw == 2) << 4);
+                         FN(bwd_o)(hasw, hasdg, nt));
     else
         FN(bwd_span)(dyr, xr, w, dxr, dg, V_SET(rstd[i]), V_SET((C)-c), k, head, pdy, px, hasw,
                      hasdg, nt);
