@@ -552,12 +552,12 @@ static int rows_alias(ptrdiff_t s, size_t es) {
     return b < 256 || b > 4096 - 256;
 }
 
-/* The backward pairs 32- and 64-bit rows, and long 16-bit rows on AVX-512 (RMS_ROW_PAIRS: see
- * bwd_loop in rows_add_bwd.h), except where two rows of dy, x or dx share their page offsets and
- * are shorter than rms_cpu_pairs_aliased_min(). On an AMD EPYC
- * (Zen 3), one thread, float32, such rows in pairs -> one at a time, ratio to a triad: 8192x4096
- * 1.39 -> 0.99, 16384x1024 1.72 -> 0.94, 2048x16384 2.12 -> 1.37; with rows padded off the page
- * offset (8192x2048 in rows of 2080) the pairs were as fast as single rows. On an AMD
+/* The backward pairs 32- and 64-bit rows, and long 16-bit rows on AVX-512, in kernels with 32
+ * vector registers (RMS_ROW_PAIRS: see bwd_loop in rows_add_bwd.h), except where two rows of dy,
+ * x or dx share their page offsets and are shorter than rms_cpu_pairs_aliased_min(). On an AMD
+ * EPYC (Zen 3), whose AVX2 kernels never pair, such rows measured slower in pairs (one
+ * thread, float32, in pairs -> one at a time, ratio to a triad: 8192x4096 1.39 -> 0.99, 16384x1024
+ * 1.72 -> 0.94, 2048x16384 2.12 -> 1.37), and so did rows that share no page offset. On an AMD
  * EPYC (Zen 4), one thread, page-aligned arrays, ratio to two copies, one at a time -> in pairs,
  * rows of 32 KiB and more gained (8192x8192 1.12-1.27 -> 1.08-1.21, 4096x12288 1.47-1.54 ->
  * 1.32-1.40, 4096x16384 1.20-1.24 -> 1.19-1.21) and shorter ones lost (16384x4096 1.12-1.15 ->

@@ -358,8 +358,18 @@ RMS_INLINE A FN(bwd_dot)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, c
 #ifndef RMS_PAIRS_16
 #define RMS_PAIRS_16 0
 #endif
-/* Whether rows of k elements may go in pairs */
-#define RMS_BWD_PAIRS(k) (sizeof(T) >= 4 || (RMS_PAIRS_16 && (k) * sizeof(T) >= 8192))
+/* Whether rows of k elements may go in pairs: only where the ISA has 32 vector registers. With
+ * 16 (AVX2, scalar) a pair's span computes no block ahead of its stores (FN(span_block) is 1),
+ * and single rows, which do, measured faster everywhere: ratio single / paired, float32, rows
+ * 16 bytes into a line, two builds alternating in one process. AMD EPYC (Zen 3), one / two
+ * threads: 524288x128 0.71 / 0.90, 349525x192 0.61 / 0.76, 262144x256 0.63 / 0.76, 131072x512
+ * 0.73 / 0.89, 87381x768 0.94 / 1.03, 1M x 64 0.93 / 0.99 (page-aligned rows 0.59 to 0.78 /
+ * 0.72 to 0.92); in cache 0.87 to 0.97. The 16-core Xeon's AVX2 kernels, one / 16 threads:
+ * 128 to 1024 columns 0.82 to 1.01 / 0.79 to 0.98, 16384x4096 0.96 / 0.97, float64 0.85 to
+ * 0.95. Its AVX-512 kernels keep the pairs: there single rows of 64 to 192 measured 1.03 to
+ * 1.12 at one to four threads, and longer ones the same within noise. */
+#define RMS_BWD_PAIRS(k)                                                                           \
+    (V_REGS >= 32 && (sizeof(T) >= 4 || (RMS_PAIRS_16 && (k) * sizeof(T) >= 8192)))
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m, size_t k,
                              int flags, const int hasw, const int hasdg, const int nt) {

@@ -729,36 +729,24 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
         i = head;
         end = FN(stream_end)(head, n);
     }
-    if (nb == 1) {
-        /* Blocks of one vector (the pairs of rows with 16 vector registers) go through the plain
-         * loop: the block loop's copies and first-block test cost more instructions than
-         * computing one vector ahead gained (AVX2, AMD EPYC Zen 3, one thread, float32 backward,
-         * rows in pairs, in cache: 1024x64 28.0 -> 26.2 ns a row, 1024x128 57.6 -> 52.8; 35.0 ->
-         * 31.5 million instructions for 100 calls of 1024x64 under callgrind; 16384x4096 and
-         * 1M x 64 from memory with dx 0, 32 or 64 bytes past x the same within noise). */
-        size_t e = i + (end - i) / W * W;
-        FN(span_plain)(s, i, e, pa, pb, pm, kind, hasw, before, hasdg, nt, 1);
-        i = e;
-    } else {
-        const size_t first = i;
-        /* v is stored only once computed; zeroed for the compiler */
-        for (size_t q = 0; q < nb; q++)
-            for (int o = 0; o < RMS_SPAN_OUTS(kind, hasdg); o++)
-                v[q][o] = V_SET((C)0);
-        for (; i + nb * W <= end; i += nb * W) {
-            for (size_t q = 0; q < nb; q++) {
-                FN(span_pf)(s, pa, pb, i + q * W, pm, kind);
-                FN(span_val)(s, i + q * W, W, kind, hasw, before, hasdg, u[q]);
-            }
-            if (i != first)
-                FN(span_block_put)(s, i - nb * W, nb, kind, hasdg, nt, v);
-            for (size_t q = 0; q < nb; q++)
-                for (int o = 0; o < RMS_SPAN_OUTS(kind, hasdg); o++)
-                    v[q][o] = u[q][o];
+    const size_t first = i;
+    /* v is stored only once computed; zeroed for the compiler */
+    for (size_t q = 0; q < nb; q++)
+        for (int o = 0; o < RMS_SPAN_OUTS(kind, hasdg); o++)
+            v[q][o] = V_SET((C)0);
+    for (; i + nb * W <= end; i += nb * W) {
+        for (size_t q = 0; q < nb; q++) {
+            FN(span_pf)(s, pa, pb, i + q * W, pm, kind);
+            FN(span_val)(s, i + q * W, W, kind, hasw, before, hasdg, u[q]);
         }
         if (i != first)
             FN(span_block_put)(s, i - nb * W, nb, kind, hasdg, nt, v);
+        for (size_t q = 0; q < nb; q++)
+            for (int o = 0; o < RMS_SPAN_OUTS(kind, hasdg); o++)
+                v[q][o] = u[q][o];
     }
+    if (i != first)
+        FN(span_block_put)(s, i - nb * W, nb, kind, hasdg, nt, v);
     /* fewer than nb full vectors (whole lines when streamed), then the partial ones */
     FN(span_plain)(s, i, end, pa, pb, pm, kind, hasw, before, hasdg, nt, nt);
     if (nt)
