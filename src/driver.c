@@ -352,19 +352,31 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
 }
 
 /* Stream an output of `bytes` in rows of k elements, `stride` apart, from `p`? Only when it
- * would not fit in the cache, and only when rows start on cache lines or span 1 KiB or more.
+ * would not fit in the cache, and only when rows start on cache lines or span `min_row` bytes or
+ * more (RMS_STREAM_ROW, or RMS_STREAM_ROW_FWD for the forward's 32- and 64-bit rows).
  * The kernels stream whole lines only and store the partial lines at a row's ends plainly
  * (FN(span)); rows that do not start on a line then pay for two plain lines a row, which
  * streaming outweighs from about 1 KiB (AMD EPYC Zen 4, one thread, ratio to a copy, output
  * rows 16 bytes into a line, plain -> streamed: float32 forward 65536x1024 1.56 -> 0.99,
  * 262144x256 1.40 -> 1.04, backward 262144x256 1.63 -> 1.23; bfloat16 forward 65536x1024 2.21
  * -> 1.28, add 131072x512 2.61 -> 1.92; but bfloat16 add 262144x256 2.25 -> 2.77, backward
- * 2.20 -> 3.09, and add 1M x 64 2.10 -> 3.72). */
-static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes) {
+ * 2.20 -> 3.09, and add 1M x 64 2.10 -> 3.72). The forward's 32- and 64-bit rows outweigh it
+ * from 512 bytes (rows 16 bytes into a line, two builds alternating in one process, streamed
+ * time over plain; AMD EPYC Zen 3, AVX2, 1 / 2 threads: float32 524288x128 0.90 / 0.74,
+ * 335544x200 0.71 / 0.66, float64 524288x64 0.67 / 0.67, 335544x100 0.63 / 0.66; 16-core Xeon,
+ * AVX-512, 1 / 4 / 16 threads: float32 524288x128 0.76 / 0.86 / 0.86, 335544x200 0.62 / 0.77 /
+ * 0.78, float64 524288x64 0.64 / 0.67 / 0.80; its AVX2 kernels 0.69 to 0.94), but float32 rows
+ * of 384 bytes lost on the Xeon (699050x96, 1.30 at one thread, 1.12 at four), and the 16-bit
+ * forward's short rows lost on Zen 3 (bfloat16 524288x128 1.32 / 1.22, 262144x256 1.21 / 0.97;
+ * float16 1M x 64 1.44 / 1.33). */
+#define RMS_STREAM_ROW 1024
+#define RMS_STREAM_ROW_FWD 512
+static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes,
+                      size_t min_row) {
     if (bytes < stream_bytes)
         return 0;
     int lines = (uintptr_t)p % 64 == 0 && ((size_t)stride * es) % 64 == 0;
-    return lines || k * es >= 1024;
+    return lines || k * es >= min_row;
 }
 
 void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
@@ -374,8 +386,9 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
         return;
     int flags = a->flags | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
-    if (streamable(a->y, a->ys, a->k, es, bytes) &&
-        (!a->r || streamable(a->h, a->hs, a->k, es, bytes)))
+    size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
+    if (streamable(a->y, a->ys, a->k, es, bytes, min_row) &&
+        (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row)))
         flags |= RMS_STREAM;
     int nt = team_size(total, pool_threads(pool, nthreads));
     if (nt <= 1) {
@@ -569,7 +582,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
     if (a->k * es >= rms_cpu_pairs_aliased_min() ||
         !(rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;
-    if (streamable(a->dx, a->dxs, a->k, es, total * es))
+    if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW))
         flags |= RMS_STREAM;
     if (a->m == 1) /* one row: dgamma = dy * xhat, stored, not accumulated */
         flags |= RMS_DG_STORE;
