@@ -364,7 +364,7 @@ RMS_INLINE A FN(bwd_dot)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, c
  * 16 bytes into a line, two builds alternating in one process. AMD EPYC (Zen 3), one / two
  * threads: 524288x128 0.71 / 0.90, 349525x192 0.61 / 0.76, 262144x256 0.63 / 0.76, 131072x512
  * 0.73 / 0.89, 87381x768 0.94 / 1.03, 1M x 64 0.93 / 0.99 (page-aligned rows 0.59 to 0.78 /
- * 0.72 to 0.92); in cache 0.87 to 0.97. The 16-core Xeon's AVX2 kernels, one / 16 threads:
+ * 0.72 to 0.92); in cache 0.87 to 1.04. The 16-core Xeon's AVX2 kernels, one / 16 threads:
  * 128 to 1024 columns 0.82 to 1.01 / 0.79 to 0.98, 16384x4096 0.96 / 0.97, float64 0.85 to
  * 0.95. Its AVX-512 kernels keep the pairs: there single rows of 64 to 192 measured 1.03 to
  * 1.12 at one to four threads, and longer ones the same within noise. */
