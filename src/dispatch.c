@@ -78,8 +78,9 @@ int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
 void rms_dispatch_init(void) {
     int n = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    /* AMD CPUs with AVX-512 (Zen 4 and later); on Zen 3 the software prefetch measured faster,
-     * and so did single rows where the backward's rows share their page offsets. */
+    /* AMD CPUs with AVX-512 (Zen 4 and later); on Zen 3 the software prefetch measured faster.
+     * pairs_aliased_min matters only to kernels that pair rows (32 vector registers: AVX-512),
+     * so on CPUs without AVX-512, Zen 3 among them, it changes nothing. */
     int amd_avx512 = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
     hw_prefetch = amd_avx512;
     if (!x86_vendor_is("GenuineIntel"))
