@@ -151,6 +151,9 @@ static inline __m256i mask64(size_t n) {
 #define A_SUM hsum_pd
 #define V_HSUM8 hsum8_pd
 #define V_FENCE() _mm_sfence()
+/* Rounding to 16 bits is integer code here, so the 16-bit add of long rows rounds h once, into
+ * h itself (see RMS_STAGE in rows_add_bwd.h). */
+#define RMS_STAGE_IN_H 1
 
 /* float compute: f32, f16, bf16 */
 #define W 8

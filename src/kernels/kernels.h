@@ -41,6 +41,9 @@ typedef struct {
     double (*add_sumsq)(const void *x, const void *r, size_t n);
     void (*add_scale)(const void *x, const void *r, void *h, void *y, const void *w, double rs,
                       size_t n, int flags);
+    /* h = round(x + r), stored plainly (h may be x or r), and the sum of squares of h as sumsq
+     * takes it: a piece's first pass, after which scale(h) gives the same y as add_scale. */
+    double (*add_stage)(const void *x, const void *r, void *h, size_t n);
     /* Slow path for a row whose sum of squares is not usable (rms_sumsq_ok): returns its rstd,
      * NaN when the row holds NaN or Inf, else rescaled by the row's largest magnitude. r may be
      * NULL; else the row is round(x + r) as in add_rows. */

@@ -50,9 +50,24 @@ RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, 
  *   bfloat16, AVX2: 8192x4096 3.19-3.34 -> 2.03-2.07;
  *   float16, AVX-512: 8192x4096 1.34-1.37 -> 1.32-1.39; 65536x512 1.37-1.38 -> 1.27-1.28.
  * The stage lives on the stack up to RMS_STAGE elements (L1), in a heap row above (L2); longer
- * rows measured no faster staged (128x131072 bfloat16: 1.58-1.60 either way). */
+ * rows measured no faster staged (128x131072 bfloat16: 1.58-1.60 either way).
+ * Where rounding to 16 bits is integer code (RMS_STAGE_IN_H: AVX2), h itself is the stage
+ * (FN(add_long), h stored plainly) for rows longer than RMS_STAGE_MAX, and for rows longer than
+ * RMS_STAGE whose outputs are not streamed. AMD EPYC (Zen 3), two builds alternating in one
+ * process, new time over old at one thread (two), the same bits: bfloat16 128x131072 0.27
+ * (0.30), 1x1048576 0.54, 29x17389 0.91, 64x16384 0.91 (0.92); float16 128x131072 0.48 (0.62),
+ * 64x16384 0.85 (0.84), 29x17389 0.94. Streamed rows of up to RMS_STAGE_MAX
+ * measured 2-4% slower with h as the stage (bfloat16 1024x32768 1.03, 4096x12288 1.02-1.04)
+ * and keep the heap stage, whose copy streams h. On the 16-core Xeon (AVX512-BF16), whose
+ * rounding is one instruction, the heap stage and the plain loop with its streamed h stay
+ * faster (h as the stage, one thread: bfloat16 2048x16384 1.16, 128x131072 1.29; float16
+ * 128x131072 1.41). Float32 measured slower with h as the stage (Zen 3, one thread: 1024x32768
+ * 1.28, 16x1048576 1.23). */
 #define RMS_STAGE 8192
 #define RMS_STAGE_MAX 65536
+#ifndef RMS_STAGE_IN_H
+#define RMS_STAGE_IN_H 0
+#endif
 
 /* h = round(x + r) of k elements into s, prefetching the rows pfx and pfr (if any); returns the
  * sum of squares of s. */
@@ -72,6 +87,11 @@ RMS_INLINE A FN(stage_row)(const T *x, const T *r, T *s, size_t k, const T *pfx,
     if (i < k)
         V_STP(s + i, V_ADD(V_LDP(x + i, k - i), V_LDP(r + i, k - i)), k - i);
     return FN(reduce_a)(s, NULL, NULL, (C)1, k, RMS_SQ);
+}
+
+/* A piece of a row shared across threads, staged into h (see kernels.h) */
+static double FN(add_stage)(const void *x, const void *r, void *h, size_t n) {
+    return A_SUM(FN(stage_row)((const T *)x, (const T *)r, (T *)h, n, NULL, NULL));
 }
 
 /* Copies n elements of s into h, the full vectors from `head` on non-temporally when nt (V_CPNT:
@@ -151,11 +171,37 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
     }
 }
 
+/* The 16-bit add with h itself as the stage (RMS_STAGE_IN_H, see RMS_STAGE): the first pass
+ * stores h plainly and sums its squares; the second scales h into y as the forward does. h may
+ * be x or r. */
+RMS_INLINE void FN(add_long)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
+                             ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
+                             size_t k, double eps, int flags, const int hasw, const int before,
+                             const int nt) {
+    size_t d = FN(ahead)(1, k, RMS_P_ADD, flags);
+    const double inv_k = rms_inv_pow2(k);
+    for (size_t i = 0; i < m; i++) {
+        T *hr = h + (ptrdiff_t)i * hs, *yr = y + (ptrdiff_t)i * ys;
+        A sa = FN(stage_row)(x + (ptrdiff_t)i * xs, r + (ptrdiff_t)i * rs, hr, k,
+                             FN(row_ahead)(x, xs, i, d, m), FN(row_ahead)(r, rs, i, d, m));
+        FN(rstds)(&sa, rstd + i, 1, hr, hs, NULL, 0, k, eps, inv_k);
+        size_t head = 0;
+        if (!nt || FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head))
+            FN(scale_span)(hr, yr, w, V_SET(rstd[i]), k, head, NULL, RMS_PF_L2, hasw, before, nt);
+        else
+            FN(scale)(hr, yr, w, rstd[i], k, flags & ~RMS_STREAM);
+    }
+}
+
 /* Pipelined by group for short rows, as fwd_loop is. */
 RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                              size_t k, double eps, int flags, const int hasw, const int before,
                              const int nt) {
+    if (sizeof(T) == 2 && RMS_STAGE_IN_H && (k > RMS_STAGE_MAX || (!nt && k > RMS_STAGE))) {
+        FN(add_long)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags, hasw, before, nt);
+        return;
+    }
     if (sizeof(T) == 2 && k <= RMS_STAGE_MAX) {
         T buf[RMS_STAGE] __attribute__((aligned(64)));
         T *st = k <= RMS_STAGE ? buf : aligned_alloc(64, (k * sizeof(T) + 63) / 64 * 64);

@@ -129,8 +129,8 @@ enum { RMS_S_FWD, RMS_S_ADD, RMS_S_BWD, RMS_S_PAIR };
 #define RMS_ENTRY(sfx)                                                                             \
     {                                                                                              \
         fwd_rows_##sfx, add_rows_##sfx, bwd_rows_##sfx, sumsq_##sfx, scale_##sfx,                  \
-            add_sumsq_##sfx, add_scale_##sfx, rescue_##sfx, dot_##sfx, bwd_##sfx, widen_##sfx,     \
-            narrow_##sfx                                                                           \
+            add_sumsq_##sfx, add_scale_##sfx, add_stage_##sfx, rescue_##sfx, dot_##sfx,            \
+            bwd_##sfx, widen_##sfx, narrow_##sfx                                                   \
     }
 /* t elements at p: a full vector when t == W (a constant in the main loops), else partial. */
 #define LDX(p, t) ((t) == W ? V_LD(p) : V_LDP((p), (t)))
