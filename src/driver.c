@@ -308,8 +308,11 @@ typedef struct {
  * streamed, store h in phase 0 and scale it in phase 1, rather than rounding x + r once in each
  * phase (AMD EPYC Zen 3, AVX2, two threads, two builds alternating in one process, new time over
  * old, the same bits: 1x1048576 bfloat16 0.64-0.73, float32 0.81-0.88; 29x17389, whose other
- * rows are whole, bfloat16 0.80-0.90, float32 0.91-1.00). Streamed, h keeps its streaming stores
- * in phase 1 (4x2097152, which streams, measured the same either way: bfloat16 0.99, float32
+ * rows are whole, bfloat16 0.80-0.90, float32 0.91-1.00; on the 16-core Xeon, AVX-512, an
+ * environment switch in one build, at 4 / 16 threads: 1x1048576 bfloat16 0.67 / 0.59, float32
+ * 0.70 / 0.43, float16 0.84 / 0.86; 29x17389 bfloat16 0.91 / 0.87, float32 0.91 / 0.57;
+ * 4x262144 bfloat16 0.75 / 0.63). Streamed, h keeps its streaming stores in phase 1
+ * (4x2097152, which streams, measured the same either way on Zen 3: bfloat16 0.99, float32
  * 1.00). */
 static int stage_pieces(const fwd_job *j) { return j->a->r && !(j->flags & RMS_STREAM); }
 
