@@ -181,15 +181,12 @@ RMS_INLINE void FN(add_long)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
     size_t d = FN(ahead)(1, k, RMS_P_ADD, flags);
     const double inv_k = rms_inv_pow2(k);
     for (size_t i = 0; i < m; i++) {
-        T *hr = h + (ptrdiff_t)i * hs, *yr = y + (ptrdiff_t)i * ys;
+        T *hr = h + (ptrdiff_t)i * hs;
         A sa = FN(stage_row)(x + (ptrdiff_t)i * xs, r + (ptrdiff_t)i * rs, hr, k,
                              FN(row_ahead)(x, xs, i, d, m), FN(row_ahead)(r, rs, i, d, m));
         FN(rstds)(&sa, rstd + i, 1, hr, hs, NULL, 0, k, eps, inv_k);
-        size_t head = 0;
-        if (!nt || FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head))
-            FN(scale_span)(hr, yr, w, V_SET(rstd[i]), k, head, NULL, RMS_PF_L2, hasw, before, nt);
-        else
-            FN(scale)(hr, yr, w, rstd[i], k, flags & ~RMS_STREAM);
+        /* the forward's second pass over row i of h, with no prefetch (d = 0) */
+        FN(fwd_row)(h, hs, y, ys, w, rstd, i, m, k, 0, RMS_PF_L2, flags, hasw, before, nt);
     }
 }
 
