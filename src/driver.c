@@ -426,6 +426,11 @@ static void bwd_rows(const rms_kernels *kt, const rms_bwd_args *a, size_t r0, si
                      dg, r1 - r0, a->k, flags);
 }
 
+/* Bytes of one dgamma entry: the compute type's, or x's with RMS_DG_NARROW (one row). */
+static size_t dg_size(const rms_bwd_args *a) {
+    return (a->flags & RMS_DG_NARROW) && a->m == 1 ? rms_esize(a->dtype) : csize(a->dtype);
+}
+
 /* Columns [lo, hi) of the dgamma row that thread share s writes. */
 static void touched(const share *s, size_t k, size_t *lo, size_t *hi) {
     *lo = k;
@@ -535,11 +540,11 @@ typedef struct {
 static void cols_phase(void *job, int t, int nt, int phase) {
     cols_job *j = job;
     const rms_bwd_args *a = j->a;
-    size_t es = rms_esize(a->dtype), cs = csize(a->dtype), lo, hi;
+    size_t es = rms_esize(a->dtype), lo, hi;
     int f64 = a->dtype == RMS_F64;
     chunk(a->k, t, nt, 32, &lo, &hi);
     const char *w = a->w ? (const char *)a->w + lo * wsize(a->dtype, a->flags) : NULL;
-    char *dg = a->dgamma ? (char *)a->dgamma + lo * cs : NULL;
+    char *dg = a->dgamma ? (char *)a->dgamma + lo * dg_size(a) : NULL;
     for (size_t i = 0; i < a->m; i++) {
         if (phase == 0) {
             j->dots[(size_t)t * a->m + i] =
@@ -558,7 +563,7 @@ static void cols_phase(void *job, int t, int nt, int phase) {
                    hi - lo, j->flags);
     }
     if (phase == 0 && dg && !(j->flags & RMS_DG_STORE) && hi > lo)
-        memset(dg, 0, (hi - lo) * cs);
+        memset(dg, 0, (hi - lo) * dg_size(a));
 }
 
 /* Split the columns for up to 16 rows, or for more when each member's columns are long (1024
@@ -602,10 +607,10 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
     if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW))
         flags |= RMS_STREAM;
     if (a->m == 1) /* one row: dgamma = dy * xhat, stored, not accumulated */
-        flags |= RMS_DG_STORE;
+        flags |= RMS_DG_STORE | (a->flags & RMS_DG_NARROW);
     if (total == 0) {
         if (a->dgamma) /* no rows: dgamma is zeros */
-            memset(a->dgamma, 0, a->k * cs);
+            memset(a->dgamma, 0, a->k * dg_size(a));
         return 0;
     }
     int nt = team_size(total, pool_threads(pool, nthreads));

@@ -27,7 +27,9 @@ typedef struct {
 } rms_fwd_args;
 
 /* Backward. dgamma (k entries, compute type) is NULL when there is no weight; w as in
- * rms_fwd_args, and flags 0 or RMS_W_STORAGE. */
+ * rms_fwd_args. flags: RMS_W_STORAGE, and RMS_DG_NARROW for one row (m == 1) of a 16-bit type,
+ * whose dgamma then has that type (each term rounded to it once, as a narrowing of the
+ * compute-type row would round it). */
 typedef struct {
     int dtype, flags;
     size_t m, k;

@@ -693,7 +693,13 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     if (!rs || input_rows(&x, nlead, &xv) < 0 || input_rows(&dy, nlead, &dyv) < 0 ||
         open_out(outo, x, nlead, &dx) < 0)
         goto fail;
-    if (g && !(dgc = new_array(PyArray_NDIM(g), PyArray_DIMS(g), compute_typenum(code))))
+    /* One row of a 16-bit x with gamma of its dtype: the kernels round dgamma to that dtype
+     * as they store it, rather than filling a float32 row as long as x and narrowing it */
+    if (g && xv.m == 1 && (code == RMS_F16 || code == RMS_BF16) &&
+        dtype_code(PyArray_DESCR(g)) == code)
+        wflags |= RMS_DG_NARROW;
+    if (g && !(dgc = new_array(PyArray_NDIM(g), PyArray_DIMS(g),
+                               (wflags & RMS_DG_NARROW) ? PyArray_TYPE(g) : compute_typenum(code))))
         goto fail;
 
     rms_bwd_args a = {code,       wflags,  xv.m,    xv.k,     dyv.data,

@@ -93,6 +93,24 @@ def test_few_rows_dgamma_independent_of_threads(isa, dtype, shape, rng):
         oracle.assert_dx_close(dx, dx64, scale, x.dtype)
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (1, 33), (1, 1, 4099), (1, 70001)], ids=str)
+@pytest.mark.parametrize("dtype", oracle.SIXTEEN, ids=dtype_id)
+@pytest.mark.parametrize("isa", ISAS)
+def test_one_row_dgamma_rounded_once(isa, dtype, shape, rng):
+    """For one row, a 16-bit gamma of x's dtype gets a dgamma that the kernels round to that
+    dtype as they store it: bit for bit the float32 dgamma (which the same gamma as float32
+    gives, with the same dx) rounded to nearest even, at any thread count."""
+    x, gamma, dy = inputs(rng, shape, dtype)
+    for threads in (1, 2, 3):
+        with using(isa, threads):
+            _, rstd = rmsnorm.rms_norm(x, gamma)
+            dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+            dx32, dg32 = rmsnorm.rms_norm_backward(dy, x, gamma.astype(np.float32), rstd)
+        assert dg.dtype == dtype and dg32.dtype == np.float32
+        assert oracle.bits_equal(dx, dx32), f"{threads} threads"
+        assert oracle.bits_equal(dg, oracle.round_to(dg32, dtype)), f"{threads} threads"
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 def test_zero_dy_gives_zero_gradients(dtype, rng):
     x = oracle.make_x(rng, (6, 40), dtype)

@@ -257,8 +257,14 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
 }
 
 /* X(hasw, hasdg, nt) with constant arguments for o = (hasw != 0) | hasdg << 1 | nt << 3 |
- * (hasw == 2) << 4, where hasdg is 0 (none), 1 (accumulate into dg) or 2 (store: one row) and
- * needs a weight; then the fence. The default is 29 (21 without streamed loops: RMS_NT_ON). */
+ * (hasw == 2) << 4, where hasdg is 0 (none), 1 (accumulate into dg), 2 (store: one row) or 3
+ * (store rounded to T: one 16-bit row, RMS_DG_NARROW) and needs a weight; then the fence. The
+ * default is 29 (21 without streamed loops: RMS_NT_ON). */
+#define RMS_IF_DGT(x)                                                                              \
+    do {                                                                                           \
+        if (sizeof(T) == 2) /* only 16-bit types narrow dgamma */                                  \
+            x;                                                                                     \
+    } while (0)
 #define RMS_SWITCH_BWD(o, flags, X)                                                                \
     do {                                                                                           \
         switch (o) {                                                                               \
@@ -266,6 +272,8 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
         case 1: X(1, 0, 0); break;                                                                 \
         case 3: X(1, 1, 0); break;                                                                 \
         case 5: X(1, 2, 0); break;                                                                 \
+        case 7: RMS_IF_DGT(X(1, 3, 0)); break;                                                     \
+        case 23: RMS_IF_DGT(X(RMS_HW_S, 3, 0)); break;                                             \
         case 17: X(RMS_HW_S, 0, 0); break;                                                         \
         case 19: X(RMS_HW_S, 1, 0); break;                                                         \
         RMS_IF_NT(case 8: X(0, 0, 1); break;                                                       \
@@ -274,6 +282,8 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
                   case 13: X(1, 2, 1); break;                                                      \
                   case 25: X(RMS_HW_S, 0, 1); break;                                               \
                   case 27: X(RMS_HW_S, 1, 1); break;                                               \
+                  case 15: RMS_IF_DGT(X(1, 3, 1)); break;                                          \
+                  case 31: RMS_IF_DGT(X(RMS_HW_S, 3, 1)); break;                                   \
                   case 21: X(RMS_HW_S, 2, 0); break;)                                              \
         default: X(RMS_HW_S, 2, RMS_NT_ON); break;                                                 \
         }                                                                                          \
@@ -287,7 +297,8 @@ static inline int FN(bwd_o)(int hasw, int hasdg, int nt) {
 }
 
 static inline int FN(bwd_opt)(const void *w, const void *dg, int flags, int nt) {
-    int hasdg = w && dg ? ((flags & RMS_DG_STORE) ? 2 : 1) : 0;
+    int store = sizeof(T) == 2 && (flags & RMS_DG_NARROW) ? 3 : 2;
+    int hasdg = w && dg ? ((flags & RMS_DG_STORE) ? store : 1) : 0;
     return FN(bwd_o)(w ? ((flags & RMS_W_STORAGE) ? 2 : 1) : 0, hasdg, nt);
 }
 

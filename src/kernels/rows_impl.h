@@ -566,7 +566,7 @@ RMS_INLINE V FN(dx_val)(V g, V xh, V vr, V vnc) { return V_MUL(vr, V_FMA(xh, vnc
 /* The outputs of t elements at offset i of a span, into v: y (forward); y, h (add); dx and the
  * new dgamma (backward); dx, the second row's dx and dgamma (pair). In the backward, with
  * xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and the dgamma
- * partial row gains dy * xhat (hasdg 1; 2 sets it). Every intermediate stays near the scale of
+ * partial row gains dy * xhat (hasdg 1; 2 sets it; 3 sets it rounded to T: RMS_DG_NARROW). Every intermediate stays near the scale of
  * dy, so huge or tiny rows neither overflow nor underflow. */
 RMS_INLINE void FN(span_val)(const FN(span_rows) *s, size_t i, size_t t, const int kind,
                              const int hasw, const int before, const int hasdg, V *v) {
@@ -580,7 +580,7 @@ RMS_INLINE void FN(span_val)(const FN(span_rows) *s, size_t i, size_t t, const i
         V dyv = LDX(s->a + i, t), xh = V_MUL(LDX(s->b + i, t), s->vr);
         if (hasdg == 1)
             v[1] = V_FMA(dyv, xh, LDCX(s->dg + i, t));
-        else if (hasdg == 2)
+        else if (hasdg >= 2)
             v[1] = V_MUL(dyv, xh);
         v[0] = FN(dx_val)(hasw ? V_MUL(dyv, LDW(w, t, hasw)) : dyv, xh, s->vr, s->vnc);
     } else {
@@ -630,7 +630,9 @@ RMS_INLINE void FN(span_put)(const FN(span_rows) *s, size_t i, size_t t, const i
                              const int hasdg, const int nt, const V *v) {
     if (kind == RMS_S_ADD)
         FN(put)(s->h + i, v[1], t, nt);
-    if ((kind == RMS_S_BWD && hasdg) || kind == RMS_S_PAIR)
+    if (kind == RMS_S_BWD && hasdg == 3)
+        STX((T *)s->dg + i, v[1], t);
+    else if ((kind == RMS_S_BWD && hasdg) || kind == RMS_S_PAIR)
         STCX(s->dg + i, v[kind == RMS_S_PAIR ? 2 : 1], t);
     FN(put)(s->o + i, v[0], t, nt);
     if (kind == RMS_S_PAIR)
@@ -644,7 +646,9 @@ RMS_INLINE void FN(span_put2)(const FN(span_rows) *s, size_t i, const int kind, 
 #ifdef V_ST2
     if (kind == RMS_S_ADD)
         V_ST2(s->h + i, v[1], u[1], nt == 1);
-    if ((kind == RMS_S_BWD && hasdg) || kind == RMS_S_PAIR) {
+    if (kind == RMS_S_BWD && hasdg == 3) {
+        V_ST2((T *)s->dg + i, v[1], u[1], 0);
+    } else if ((kind == RMS_S_BWD && hasdg) || kind == RMS_S_PAIR) {
         STCX(s->dg + i, v[kind == RMS_S_PAIR ? 2 : 1], W);
         STCX(s->dg + i + W, u[kind == RMS_S_PAIR ? 2 : 1], W);
     }

@@ -146,6 +146,22 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
         check("bwd dx", isa->name, dt, k, b.out[1], b.out[0], n, 0, 0);
         check("bwd dgamma", isa->name, dt, k, b.dg[1], b.dg[0], k, 1, 0);
     }
+    /* one row: dgamma stored, not accumulated; a 16-bit one also rounded to x's type as it is
+     * stored (RMS_DG_NARROW), bit for bit the kernels' compute-type row narrowed */
+    for (int f = 0; f < 2; f++) {
+        int flags = RMS_DG_STORE | (f ? RMS_STREAM : 0);
+        for (int j = 0; j < 2; j++)
+            (j ? kt : ref)->bwd_rows(b.dy, 0, b.x, 0, b.out[j], 0, w, b.rs[0], b.dg[j], 1, k,
+                                     flags);
+        check("bwd one row dx", isa->name, dt, k, b.out[1], b.out[0], k, 0, 0);
+        check("bwd one row dgamma", isa->name, dt, k, b.dg[1], b.dg[0], k, 1, 0);
+        if (dt == RMS_F16 || dt == RMS_BF16) {
+            kt->narrow(b.dg[1], b.h[0], k);
+            kt->bwd_rows(b.dy, 0, b.x, 0, b.out[1], 0, w, b.rs[0], b.h[1], 1, k,
+                         flags | RMS_DG_NARROW);
+            check("bwd one row narrowed dgamma", isa->name, dt, k, b.h[1], b.h[0], k, 0, 1);
+        }
+    }
     free_buffers(&b);
     free(w);
 }
