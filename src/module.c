@@ -523,8 +523,11 @@ static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int co
     return nlead;
 }
 
+/* A new C-order array of typenum, large ones from the cache of dropped buffers (new_output):
+ * rstd of many rows, and dgamma of long rows, which a training loop drops every step. */
 static PyArrayObject *new_array(int nd, npy_intp *dims, int typenum) {
-    return (PyArrayObject *)PyArray_EMPTY(nd, dims, typenum, 0);
+    PyArray_Descr *d = PyArray_DescrFromType(typenum);
+    return d ? new_output(d, nd, dims) : NULL;
 }
 
 /* ---------------------------------------------------------------- forward */
