@@ -7,8 +7,9 @@
  *     -> dx[..., k], dw[k] or dw[0]
  * w (and dw, in w's dtype) is in the compute type (float64 for float64 x, float32 otherwise), or
  * float16 / bfloat16 for a float32 compute type: it is widened, and offset added, here (XLA's
- * own 16-bit conversions cost more than a small call of the kernels). An empty w means no
- * weight. */
+ * own 16-bit conversions cost more than a small call of the kernels), or, in x's own dtype with
+ * no offset, passed as it is where rmsnorm._core reads it faster that way (a few rows); dw of one
+ * such row is rounded by the kernels. An empty w means no weight. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -118,21 +119,26 @@ static const double *attr_f64(const XLA_FFI_CallFrame *f, const char *name) {
     return NULL;
 }
 
-/* The weight as the kernels take it (compute type, offset added): w's own data, or *scratch
- * (to be freed); NULL for no weight. Returns 0, -1 for a weight dtype that does not go with x,
- * -2 when out of memory. */
-static int weight_in(int xcode, const XLA_FFI_Buffer *w, double offset, const void **use,
-                     void **scratch) {
+/* The weight as the kernels take it for m rows (compute type, offset added): w's own data, or
+ * *scratch (to be freed); NULL for no weight. A weight of x's 16-bit dtype with no offset goes
+ * as it is where rmsnorm._core reads it faster that way (few rows, as the Python API does), with
+ * RMS_CAPI_W_AS_X in *flags. Returns 0, -1 for a weight dtype that does not go with x, -2 when
+ * out of memory. */
+static int weight_in(int xcode, const XLA_FFI_Buffer *w, double offset, size_t m,
+                     const void **use, void **scratch, int *flags) {
     size_t n = elements(w);
     int wcode = dtype_code(w->dtype), compute = compute_code(xcode);
     *use = NULL;
     *scratch = NULL;
+    *flags = 0;
     if (n == 0)
         return 0;
     if (wcode != compute && !(compute == 0 && (wcode == 2 || wcode == 3)))
         return -1;
-    if (wcode == compute && offset == 0.0) {
+    if ((wcode == compute || (wcode == xcode && api->weight_as_is(xcode, m, n))) &&
+        offset == 0.0) {
         *use = w->data;
+        *flags = wcode == compute ? 0 : RMS_CAPI_W_AS_X;
         return 0;
     }
     if (!(*scratch = malloc(n * (compute == 1 ? 8 : 4))))
@@ -177,12 +183,12 @@ XLA_FFI_Error *rmsnorm_ffi_forward(XLA_FFI_CallFrame *f) {
         return error(f, "rmsnorm_ffi_forward: weight does not match the last axis of x");
     const void *wk;
     void *scratch;
-    int rc = weight_in(code, w, *offset, &wk, &scratch);
+    int flags, rc = weight_in(code, w, *offset, n / k, &wk, &scratch, &flags);
     if (rc < 0)
         return weight_error(f, rc);
     xla_pool xp;
     rms_pool pool;
-    api->forward(code, x->data, wk, y->data, rstd->data, n / k, k, *eps,
+    api->forward(code, x->data, wk, flags, y->data, rstd->data, n / k, k, *eps,
                  xla_thread_pool(f, &xp, &pool));
     free(scratch);
     return NULL;
@@ -205,17 +211,21 @@ XLA_FFI_Error *rmsnorm_ffi_backward(XLA_FFI_CallFrame *f) {
         return error(f, "rmsnorm_ffi_backward: weight does not match the last axis of x");
     const void *wk;
     void *scratch, *dg = NULL;
-    int rc = weight_in(code, w, *offset, &wk, &scratch);
+    int flags, rc = weight_in(code, w, *offset, n / k, &wk, &scratch, &flags);
     if (rc < 0)
         return weight_error(f, rc);
     int narrow = wk && dtype_code(w->dtype) != compute_code(code); /* dw in a 16-bit dtype */
+    if (narrow && n == k && dtype_code(w->dtype) == code) { /* one row: the kernels round dw */
+        flags |= RMS_CAPI_DG_AS_X;
+        narrow = 0;
+    }
     if (wk)
         dg = narrow ? malloc(k * 4) : dw->data;
     xla_pool xp;
     rms_pool pool;
     rc = wk && !dg ? -1
-                   : api->backward(code, dy->data, x->data, wk, rstd->data, dx->data, dg, n / k, k,
-                                   xla_thread_pool(f, &xp, &pool));
+                   : api->backward(code, dy->data, x->data, wk, flags, rstd->data, dx->data, dg,
+                                   n / k, k, xla_thread_pool(f, &xp, &pool));
     if (rc == 0 && narrow)
         api->convert(dtype_code(w->dtype), dg, dw->data, 0.0, k, 0);
     if (narrow)

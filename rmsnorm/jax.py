@@ -237,7 +237,8 @@ def _host_backward(dy, x, weight, rstd, *, offset, x_ndim):
 
 # FFI backend. The kernels see x as rows of its normalized axes. The weight goes as it is when
 # its dtype is the compute type, or float16 / bfloat16 with a float32 compute type (the handler
-# widens it and adds the offset: XLA's own 16-bit conversions cost more than a small call);
+# widens it and adds the offset, or for a few rows of x's own dtype passes it as it is: XLA's own
+# 16-bit conversions cost more than a small call);
 # other dtypes are converted here first. An empty weight array stands for no weight.
 
 

@@ -476,6 +476,13 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
  * its forward the same within 6% either way). */
 #define STORAGE_WEIGHT_ROWS 8
 
+/* Whether a 16-bit gamma of x's dtype (offset 0) goes to the kernels as it is, for rows of k */
+static int storage_weight(int code, size_t rows, size_t k) {
+    size_t storage_k = rms_isa_current()->storage_weight_k;
+    return (code == RMS_F16 || code == RMS_BF16) && k > 0 &&
+           (rows < STORAGE_WEIGHT_ROWS || (storage_k && k >= storage_k));
+}
+
 /* offset + gamma as a contiguous array of the compute type, or NULL with *w = NULL for none.
  * When gamma's own compute type is x's (every pairing but float64 with a narrower type), the
  * kernels of gamma's dtype convert it; otherwise NumPy casts it. Or (see above) a 16-bit gamma
@@ -493,10 +500,9 @@ static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int co
     if (nlead < 0)
         return -1;
     int tn = compute_typenum(code);
-    npy_intp k = PyArray_SIZE(*g), storage_k = (npy_intp)rms_isa_current()->storage_weight_k;
-    int storage = gcode == code && (code == RMS_F16 || code == RMS_BF16) && offset == 0.0 &&
-                  k > 0 &&
-                  (PyArray_SIZE(x) / k < STORAGE_WEIGHT_ROWS || (storage_k && k >= storage_k));
+    npy_intp k = PyArray_SIZE(*g);
+    int storage = gcode == code && offset == 0.0 && k > 0 &&
+                  storage_weight(code, (size_t)(PyArray_SIZE(x) / k), (size_t)k);
     if (storage || (gcode == (tn == NPY_DOUBLE ? RMS_F64 : RMS_F32) && offset == 0.0)) {
         *wflags = storage ? RMS_W_STORAGE : 0;
         *w = (PyArrayObject *)PyArray_FromAny((PyObject *)*g, NULL, 0, 0,
@@ -898,19 +904,30 @@ static void advise_output(int dtype, void *p, size_t n) {
     rms_advise_huge(p, n * rms_esize(dtype));
 }
 
-static void capi_forward(int dtype, const void *x, const void *w, void *y, void *rstd, size_t m,
-                         size_t k, double eps, const rms_pool *pool) {
-    rms_fwd_args a = {dtype, 0,    m, k,         x,    (ptrdiff_t)k, NULL, 0,
-                      NULL,  0,    y, (ptrdiff_t)k, w, rstd,         eps};
+/* The C API's flags are the kernels' */
+_Static_assert(RMS_CAPI_W_AS_X == RMS_W_STORAGE && RMS_CAPI_DG_AS_X == RMS_DG_NARROW,
+               "rms_capi.h flags");
+
+/* A caller's flags that apply: only to 16-bit x, and RMS_DG_NARROW only to one row */
+static int capi_flags(int dtype, int flags, size_t m) {
+    if (dtype != RMS_F16 && dtype != RMS_BF16)
+        return 0;
+    return (flags & RMS_W_STORAGE) | (m == 1 ? flags & RMS_DG_NARROW : 0);
+}
+
+static void capi_forward(int dtype, const void *x, const void *w, int flags, void *y, void *rstd,
+                         size_t m, size_t k, double eps, const rms_pool *pool) {
+    rms_fwd_args a = {dtype, capi_flags(dtype, flags & RMS_W_STORAGE, m), m, k, x, (ptrdiff_t)k,
+                      NULL,  0, NULL, 0, y, (ptrdiff_t)k, w, rstd, eps};
     advise_output(dtype, y, m * k);
     rms_forward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
 }
 
-static int capi_backward(int dtype, const void *dy, const void *x, const void *w,
+static int capi_backward(int dtype, const void *dy, const void *x, const void *w, int flags,
                          const void *rstd, void *dx, void *dgamma, size_t m, size_t k,
                          const rms_pool *pool) {
-    rms_bwd_args a = {dtype,        0,  m,  k,            dy, (ptrdiff_t)k, x, (ptrdiff_t)k,
-                      dx,           (ptrdiff_t)k, w, rstd, dgamma};
+    rms_bwd_args a = {dtype,        capi_flags(dtype, flags, m), m,  k,  dy, (ptrdiff_t)k, x,
+                      (ptrdiff_t)k, dx, (ptrdiff_t)k, w, rstd, dgamma};
     advise_output(dtype, dx, m * k);
     return rms_backward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
 }
@@ -920,7 +937,12 @@ static void capi_convert(int dtype, const void *src, void *dst, double offset, s
     rms_convert(&rms_isa_current()->k[dtype], dtype, src, dst, offset, n, widen, 1);
 }
 
-static const rms_capi c_api = {RMS_CAPI_VERSION, capi_forward, capi_backward, capi_convert};
+static int capi_weight_as_is(int dtype, size_t m, size_t k) {
+    return storage_weight(dtype, m, k);
+}
+
+static const rms_capi c_api = {RMS_CAPI_VERSION, capi_forward, capi_backward, capi_convert,
+                               capi_weight_as_is};
 
 /* ---------------------------------------------------------------- module */
 

@@ -136,6 +136,29 @@ def test_inputs_split_across_threads(shape, dtype):
     oracle.assert_dgamma_close(np.asarray(dweight), dw64, dw_abs, np.dtype(dtype), np.dtype(dtype))
 
 
+@pytest.mark.parametrize("shape", [(1, 4099), (3, 4099), (1, 7), (64, 256)], ids=str)
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bf16", "f16"])
+def test_sixteen_bit_weight_gives_the_direct_calls_bits(shape, dtype):
+    """A 16-bit x with a weight of its dtype: the forward and backward under jax.jit give the
+    bits of rmsnorm's own calls, whichever way the weight reaches the kernels (as it is for a few
+    rows, widened first for many) and however dgamma is rounded (by the kernels for one row).
+    Small enough to stay on one thread on both sides."""
+    import rmsnorm
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(dtype)
+    weight = rng.uniform(0.5, 1.5, shape[-1]).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    y, back = jax.vjp(jax.jit(lambda x, w: rj.rms_norm(x, w)), jnp.asarray(x), jnp.asarray(weight))
+    dx, dweight = back(jnp.asarray(dy))
+    y0, rstd = rmsnorm.rms_norm(x, weight)
+    dx0, dweight0 = rmsnorm.rms_norm_backward(dy, x, weight, rstd)
+    for got, want in ((y, y0), (dx, dx0), (dweight, dweight0)):
+        got = np.asarray(got)
+        assert got.dtype == want.dtype
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
 def test_mixed_dtypes():
     x = random((3, 16), ml_dtypes.bfloat16, 0)
     weight = random((16,), np.float32, 1, 0.5, 1.0)
