@@ -1,8 +1,8 @@
 /* The raw-buffer entry points that rmsnorm._core exports (as the PyCapsule
  * rmsnorm._core._c_api) for native callers such as the JAX FFI handler: m rows of k contiguous
  * elements; w, rstd and dgamma in the compute type (double for float64, float otherwise, unless
- * flags say x's 16-bit dtype); the
- * ISA and thread count in use apply. dtype codes: 0 float32, 1 float64, 2 float16, 3 bfloat16. */
+ * flags say x's 16-bit dtype); the ISA and thread count in use apply. dtype codes: 0 float32,
+ * 1 float64, 2 float16, 3 bfloat16. */
 #ifndef RMSNORM_CAPI_H
 #define RMSNORM_CAPI_H
 

@@ -476,10 +476,12 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
  * its forward the same within 6% either way). */
 #define STORAGE_WEIGHT_ROWS 8
 
+static int sixteen_bit(int code) { return code == RMS_F16 || code == RMS_BF16; }
+
 /* Whether a 16-bit gamma of x's dtype (offset 0) goes to the kernels as it is, for rows of k */
 static int storage_weight(int code, size_t rows, size_t k) {
     size_t storage_k = rms_isa_current()->storage_weight_k;
-    return (code == RMS_F16 || code == RMS_BF16) && k > 0 &&
+    return sixteen_bit(code) && k > 0 &&
            (rows < STORAGE_WEIGHT_ROWS || (storage_k && k >= storage_k));
 }
 
@@ -704,8 +706,7 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
         goto fail;
     /* One row of a 16-bit x with gamma of its dtype: the kernels round dgamma to that dtype
      * as they store it, rather than filling a float32 row as long as x and narrowing it */
-    if (g && xv.m == 1 && (code == RMS_F16 || code == RMS_BF16) &&
-        dtype_code(PyArray_DESCR(g)) == code)
+    if (g && xv.m == 1 && sixteen_bit(code) && dtype_code(PyArray_DESCR(g)) == code)
         wflags |= RMS_DG_NARROW;
     if (g && !(dgc = new_array(PyArray_NDIM(g), PyArray_DIMS(g),
                                (wflags & RMS_DG_NARROW) ? PyArray_TYPE(g) : compute_typenum(code))))
@@ -910,7 +911,7 @@ _Static_assert(RMS_CAPI_W_AS_X == RMS_W_STORAGE && RMS_CAPI_DG_AS_X == RMS_DG_NA
 
 /* A caller's flags that apply: only to 16-bit x, and RMS_DG_NARROW only to one row */
 static int capi_flags(int dtype, int flags, size_t m) {
-    if (dtype != RMS_F16 && dtype != RMS_BF16)
+    if (!sixteen_bit(dtype))
         return 0;
     return (flags & RMS_W_STORAGE) | (m == 1 ? flags & RMS_DG_NARROW : 0);
 }

@@ -566,8 +566,9 @@ RMS_INLINE V FN(dx_val)(V g, V xh, V vr, V vnc) { return V_MUL(vr, V_FMA(xh, vnc
 /* The outputs of t elements at offset i of a span, into v: y (forward); y, h (add); dx and the
  * new dgamma (backward); dx, the second row's dx and dgamma (pair). In the backward, with
  * xhat = x * r and g = dy * w: c = mean(g * xhat), dx = r * (g - xhat * c), and the dgamma
- * partial row gains dy * xhat (hasdg 1; 2 sets it; 3 sets it rounded to T: RMS_DG_NARROW). Every intermediate stays near the scale of
- * dy, so huge or tiny rows neither overflow nor underflow. */
+ * partial row gains dy * xhat (hasdg 1; 2 sets it; 3 sets it rounded to T: RMS_DG_NARROW).
+ * Every intermediate stays near the scale of dy, so huge or tiny rows neither overflow nor
+ * underflow. */
 RMS_INLINE void FN(span_val)(const FN(span_rows) *s, size_t i, size_t t, const int kind,
                              const int hasw, const int before, const int hasdg, V *v) {
     const void *w = W_AT(s->w, i, hasw);
