@@ -94,9 +94,13 @@ enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
 /* CALL, a row loop that names its row length KK, compiled with KK a constant for the short rows
  * of 64 and 128 elements (per-head norms) when `on` (a constant), else with KK = k: its loops
  * then unroll and the fixed cost of each row shrinks. Used for the 16-bit add and backward with a
- * weight (and dgamma), where it measured faster from memory as well as in cache (VM, one thread,
- * bfloat16 1M x 64, ratio to two copies: backward 1.18-1.25 -> 1.10-1.14, add 1.34-1.40 ->
- * 1.25-1.27). The forward measured faster in cache only, and float32 rows no faster. */
+ * weight (and dgamma), where it measured faster from memory as well as in cache (AMD EPYC Zen 4,
+ * AVX2, one thread, bfloat16 1M x 64, ratio to two copies: backward 1.18-1.25 -> 1.10-1.14, add
+ * 1.34-1.40 -> 1.25-1.27), and for the 16- and 32-bit forward with a weight (AMD EPYC Zen 3,
+ * two builds alternating in one process, new time over old at one / two threads: bfloat16
+ * 1M x 64 0.77 / 0.77-0.87, 524288x128 0.89 / 0.87; float16 0.80-0.84 / 0.83-0.93 and 0.87 /
+ * 0.92; float32 524288x128 0.73 / 0.97-0.99, 1M x 64 the same within 0.03, in cache 0.88). The
+ * float32 add and backward measured no faster (0.93 to 1.06), so they keep the one loop. */
 #define RMS_KSW(on, k, CALL)                                                                       \
     do {                                                                                           \
         if ((on) && (k) == 64) {                                                                   \
@@ -886,7 +890,8 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
                          void *rstd, size_t m, size_t k, double eps, int flags) {
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, hw, bf, nt)
+    RMS_KSW(sizeof(T) <= 4 && (hw) && !(bf), k,                                                          \
+            FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, KK, eps, flags, hw, bf, nt))
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
