@@ -52,8 +52,11 @@ static inline __m128i bf16x8_round(__m256 v) {
 }
 
 /* 16 floats rounded to bfloat16 and stored at p: one NaN check of both vectors, a byte shuffle of
- * each, one permute and one 32-byte store (two 16-byte streams when nt: p is only 16-byte aligned
- * then). A vector pair holding a NaN takes bf16x8_round, so the bits are the same either way. */
+ * each, one permute and one 32-byte store. Streamed (nt), the spans store pairs from the start of
+ * a line, so p is 32-byte aligned and takes one 32-byte stream rather than two of 16 bytes (AMD
+ * EPYC Zen 3, one / two threads, two builds alternating, new time over old, 8192x4096 into a
+ * page-aligned out=: backward 0.95 / 0.95, add 0.97 / 0.98, forward 0.99). A vector pair
+ * holding a NaN takes bf16x8_round, so the bits are the same either way. */
 static inline void store2_bf16(void *p, __m256 a, __m256 b, int nt) {
     __m128i *q = (__m128i *)p;
     __m256 nan = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
@@ -70,7 +73,9 @@ static inline void store2_bf16(void *p, __m256 a, __m256 b, int nt) {
     __m256i u = _mm256_or_si256(_mm256_shuffle_epi8(bf16x8_rne_hi(a), lo),
                                 _mm256_shuffle_epi8(bf16x8_rne_hi(b), hi));
     u = _mm256_permute4x64_epi64(u, 0xd8); /* a0-3 b0-3 | a4-7 b4-7 -> a0-7 | b0-7 */
-    if (nt) {
+    if (nt && !((uintptr_t)p % 32)) {
+        _mm256_stream_si256((__m256i *)p, u);
+    } else if (nt) {
         _mm_stream_si128(q, _mm256_castsi256_si128(u));
         _mm_stream_si128(q + 1, _mm256_extracti128_si256(u, 1));
     } else {
@@ -105,7 +110,9 @@ static inline __m256 pack2dot_bf16(__m256 acc, __m256 lo, __m256 hi) {
 static inline void store2_f16(void *p, __m256 a, __m256 b, int nt) {
     __m128i *q = (__m128i *)p, lo = _mm256_cvtps_ph(a, RMS_F16_RNE);
     __m128i hi = _mm256_cvtps_ph(b, RMS_F16_RNE);
-    if (nt) {
+    if (nt && !((uintptr_t)p % 32)) {
+        _mm256_stream_si256((__m256i *)p, _mm256_set_m128i(hi, lo));
+    } else if (nt) {
         _mm_stream_si128(q, lo);
         _mm_stream_si128(q + 1, hi);
     } else {
