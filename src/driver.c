@@ -370,14 +370,17 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
 
 /* Stream an output of `bytes` in rows of k elements, `stride` apart, from `p`? Only when it
  * would not fit in the cache, and only when rows span `min_row` bytes or more (RMS_STREAM_ROW, or
- * RMS_STREAM_ROW_FWD for the forward's 32- and 64-bit rows) or start on cache lines. 16-bit rows
- * that start on lines stream from RMS_STREAM_ROW_16 bytes: shorter ones measured much faster
- * with plain stores, whose kernels there are bound by their arithmetic rather than by memory
- * (AMD EPYC Zen 3, AVX2, into a page-aligned out=, two builds alternating in one process, plain
- * time over streamed at 1 / 2 threads: bfloat16 1M x 64 forward 0.71 / 0.71, backward 0.82 /
- * 0.82, add 0.69 / 0.50; float16 0.61 / 0.70, 0.65 / 0.68, 0.39 / 0.65; 524288x128 0.70 to 0.92
- * but the float16 add at two threads, 1.09), while rows of 512 bytes measured either way by
- * shape and thread count (0.88 to 1.28).
+ * RMS_STREAM_ROW_FWD for the forward's 32- and 64-bit rows) or start on cache lines, and 16-bit
+ * rows that start on lines from the kernel family's stream_row_16 bytes. With AVX2 that is 512:
+ * its shorter 16-bit rows are bound by their arithmetic rather than by memory, and measured much
+ * faster stored plainly (into a page-aligned out=, two builds alternating in one process, plain
+ * time over streamed. AMD EPYC Zen 3, 1 / 2 threads: bfloat16 1M x 64 forward 0.71 / 0.71,
+ * backward 0.82 / 0.82, add 0.69 / 0.50; float16 0.61 / 0.70, 0.65 / 0.68, 0.39 / 0.65;
+ * 524288x128 0.70 to 0.92 but the float16 add at two threads, 1.09; rows of 512 bytes either
+ * way by shape and thread count, 0.88 to 1.28. 16-core Xeon running the AVX2 kernels, 1 / 4 / 16
+ * threads: bfloat16 1M x 64 backward 0.77 to 0.80, add 0.89 / 0.95 / 1.09; float16 add 0.89 /
+ * 1.03 / 1.34). Its AVX-512 kernels measured faster streamed (bfloat16 1M x 64 add 1.23 to
+ * 1.38, float16 1.25 to 1.63) and stream rows of any length.
  * The kernels stream whole lines only and store the partial lines at a row's ends plainly
  * (FN(span)); rows that do not start on a line then pay for two plain lines a row, which
  * streaming outweighs from about 1 KiB (AMD EPYC Zen 4, one thread, ratio to a copy, output
@@ -395,13 +398,13 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
  * float16 1M x 64 1.44 / 1.33). */
 #define RMS_STREAM_ROW 1024
 #define RMS_STREAM_ROW_FWD 512
-#define RMS_STREAM_ROW_16 512
 static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes,
                       size_t min_row) {
     if (bytes < stream_bytes)
         return 0;
     int lines = (uintptr_t)p % 64 == 0 && ((size_t)stride * es) % 64 == 0;
-    return k * es >= min_row || (lines && (es >= 4 || k * es >= RMS_STREAM_ROW_16));
+    size_t lines_min = es >= 4 ? 0 : rms_isa_current()->stream_row_16;
+    return k * es >= min_row || (lines && k * es >= lines_min);
 }
 
 void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,

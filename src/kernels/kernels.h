@@ -92,6 +92,9 @@ typedef struct {
     /* Rows of this many elements or more read a 16-bit weight of x's dtype as it is however many
      * rows there are (see make_weights in module.c); 0 for never. */
     size_t storage_weight_k;
+    /* Output rows of a 16-bit type that start on cache lines stream from this many bytes (see
+     * streamable in driver.c); 0 for any length. */
+    size_t stream_row_16;
 } rms_isa_table;
 
 extern const rms_isa_table rms_isa_scalar;
