@@ -51,6 +51,19 @@ static inline __m128i bf16x8_round(__m256 v) {
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
+/* 32 bytes stored at p, or streamed (nt): in one 32-byte stream where p is 32-byte aligned, else
+ * in two of 16 bytes. */
+static inline void put32(void *p, __m256i u, int nt) {
+    if (nt && !((uintptr_t)p % 32)) {
+        _mm256_stream_si256((__m256i *)p, u);
+    } else if (nt) {
+        _mm_stream_si128((__m128i *)p, _mm256_castsi256_si128(u));
+        _mm_stream_si128((__m128i *)p + 1, _mm256_extracti128_si256(u, 1));
+    } else {
+        _mm256_storeu_si256((__m256i *)p, u);
+    }
+}
+
 /* 16 floats rounded to bfloat16 and stored at p: one NaN check of both vectors, a byte shuffle of
  * each, one permute and one 32-byte store. Streamed (nt), the spans store pairs from the start of
  * a line, so p is 32-byte aligned and takes one 32-byte stream rather than two of 16 bytes (AMD
@@ -73,14 +86,7 @@ static inline void store2_bf16(void *p, __m256 a, __m256 b, int nt) {
     __m256i u = _mm256_or_si256(_mm256_shuffle_epi8(bf16x8_rne_hi(a), lo),
                                 _mm256_shuffle_epi8(bf16x8_rne_hi(b), hi));
     u = _mm256_permute4x64_epi64(u, 0xd8); /* a0-3 b0-3 | a4-7 b4-7 -> a0-7 | b0-7 */
-    if (nt && !((uintptr_t)p % 32)) {
-        _mm256_stream_si256((__m256i *)p, u);
-    } else if (nt) {
-        _mm_stream_si128(q, _mm256_castsi256_si128(u));
-        _mm_stream_si128(q + 1, _mm256_extracti128_si256(u, 1));
-    } else {
-        _mm256_storeu_si256((__m256i *)p, u);
-    }
+    put32(p, u, nt);
 }
 
 #define RMS_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
@@ -108,16 +114,8 @@ static inline __m256 pack2dot_bf16(__m256 acc, __m256 lo, __m256 hi) {
 
 /* 16 floats rounded to float16 and stored at p, as store2_bf16 does */
 static inline void store2_f16(void *p, __m256 a, __m256 b, int nt) {
-    __m128i *q = (__m128i *)p, lo = _mm256_cvtps_ph(a, RMS_F16_RNE);
-    __m128i hi = _mm256_cvtps_ph(b, RMS_F16_RNE);
-    if (nt && !((uintptr_t)p % 32)) {
-        _mm256_stream_si256((__m256i *)p, _mm256_set_m128i(hi, lo));
-    } else if (nt) {
-        _mm_stream_si128(q, lo);
-        _mm_stream_si128(q + 1, hi);
-    } else {
-        _mm256_storeu_si256((__m256i *)p, _mm256_set_m128i(hi, lo));
-    }
+    put32(p, _mm256_set_m128i(_mm256_cvtps_ph(b, RMS_F16_RNE), _mm256_cvtps_ph(a, RMS_F16_RNE)),
+          nt);
 }
 
 static inline void widen_ps(__m256d *l, __m256d *h, __m256 v) {

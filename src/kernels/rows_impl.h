@@ -890,8 +890,9 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
                          void *rstd, size_t m, size_t k, double eps, int flags) {
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    RMS_KSW(sizeof(T) <= 4 && (hw) && !(bf), k,                                                          \
-            FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, KK, eps, flags, hw, bf, nt))
+    RMS_KSW(sizeof(T) <= 4 && (hw) && !(bf), k,                                                    \
+            FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, KK, eps, flags, hw, bf,    \
+                         nt))
     RMS_SWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
