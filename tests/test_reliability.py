@@ -369,12 +369,16 @@ def at(shape, dt, shift):
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-        for m, k in ((40, 64), (9, 1000), (3, 4099)):
+        for m, k in ((40, 64), (9, 1000), (3, 4099), (6, 2053)):
             x = rng.standard_normal((m, k)).astype(dt)
             if m > 20:  # rows that take the slow path, in several of the short rows' groups
                 x[3] = 0
                 x[11, k // 2] = np.nan
                 x[20] = float(ml_dtypes.finfo(dt).tiny) * 4
+            elif m == 6:  # and among long rows, whose sums the streamed forward takes in blocks
+                x[1] = 0
+                x[2, k // 2] = np.nan
+                x[4] = float(ml_dtypes.finfo(dt).tiny) * 4
             r = rng.standard_normal((m, k)).astype(dt)
             g = rng.uniform(0.5, 1.5, k).astype(dt)
             for shift in (0, 1, 3, 8):
@@ -397,7 +401,8 @@ def test_streaming_does_not_change_results():
     partial lines of rows that start or end inside one plainly); a huge value streams none.
     Every ISA, dtype, output offset and thread count must give the same bits either way, with
     rows that take the slow path (zero, NaN, squares that underflow) among the short rows, which
-    the streamed float32 forward takes in groups. NaNs are compared by place only: the sign and
+    the streamed float32 forward takes in groups, and among the long rows, whose sums it takes a
+    block at a time between the chunks of the row before. NaNs are compared by place only: the sign and
     payload of a NaN that meets another NaN in one instruction depend on the order of its
     operands, which the compiler picks per loop."""
     runs = outputs_under_env(STREAM_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)
