@@ -870,25 +870,31 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
         FN(scale)(xr, yr, w, rstd[i], k, flags & ~RMS_STREAM);
 }
 
-/* Streamed rows of 32- and 64-bit elements, of RMS_FUSE_K elements or more, whose sums take
- * blocks of at most 1 KiB (AVX2) are fused across rows (FN(fwd_fused)): each block of the next
- * row's sum of squares (reduce_blk) is followed by as many elements of this row's second pass,
- * so that memory sees one stream of reads beside one stream of writes, as a copy does, rather
- * than a row of reads and then a row of writes. AMD EPYC (Zen 3), two builds alternating in one
- * process, page-aligned out=, the same bits, new time over old at one / two threads: float32
- * 8192x8192 0.87-0.90 / 0.90-0.92, 4096x12288 0.88 / 0.89, 16384x4096 0.93 / 0.93-0.96,
- * 21845x3072 0.93 / 0.95, 32768x2048 0.96-0.97 / 0.98-0.99; float64 8192x4096 0.96 / 0.99,
- * 16384x2048 0.94 / 0.96. Shorter rows measured slower (float32 65536x1024 1.02 / 1.05-1.08,
- * 131072x512 1.13 / 1.15; float64 32768x1024 1.08 / 1.07). The next row's loads follow the
- * streaming stores of this one at any distance modulo 4 KiB: chunks scaled ahead of their blocks
- * to keep 1 to 3 KiB between the two measured slower (rows at 1, 2 and 3 KiB modulo 4 KiB, one
- * thread: 1.02, 1.03, 1.07 of the time with none). The float32 add, fused the same way (its sum
- * of x + r a block ahead of its second pass), measured slower at one thread (16384x4096 1.10,
- * 32768x2048 1.18, 4096x12288 1.03) and the same or slower at two (0.99 to 1.08), and keeps its
- * rows one at a time. */
-#define RMS_FUSE_K 2048
+/* Streamed rows of RMS_FUSE_K elements or more, whose sums take blocks of at most 1 KiB (AVX2),
+ * are fused across rows (FN(fwd_fused)): each block of the next row's sum of squares
+ * (reduce_blk) is followed by as many elements of this row's second pass, so that memory sees
+ * one stream of reads beside one stream of writes, as a copy does, rather than a row of reads
+ * and then a row of writes. AMD EPYC (Zen 3), two builds alternating in one process, page-aligned
+ * out=, the same bits, new time over old at one / two threads:
+ *   float32 8192x8192 0.87-0.92 / 0.90-0.96, 4096x12288 0.88-0.91 / 0.89-0.93, 1024x32768 0.88 /
+ *     0.93, 256x65536 0.96 / 0.95, 16384x4096 0.93-0.97 / 0.93-1.01, 8192x5120 0.95 / 0.97,
+ *     21845x3072 0.93 / 0.95, 32768x2048 0.96-0.97 / 0.98-0.99;
+ *   float64 8192x4096 0.96 / 0.99, 16384x2048 0.94 / 0.96;
+ *   bfloat16 8192x8192 0.95 / 0.94, 16384x4096 0.95 / 1.00, 4096x12288 0.93 / 0.96, 65536x1024
+ *     0.91 / 0.92, 131072x512 0.95 / 0.95, 262144x256 0.95 / 0.96;
+ *   float16 8192x8192 0.79 / 0.92, 16384x4096 0.79 / 0.93, 65536x1024 0.73 / 0.84, 131072x512
+ *     0.79 / 0.86, 262144x256 0.92 / 0.99.
+ * Shorter 32- and 64-bit rows, which the L1 prefetch serves (FN(near)), measured slower (float32
+ * 65536x1024 1.02 / 1.05-1.08, 131072x512 1.13 / 1.15; float64 32768x1024 1.08 / 1.07). The next
+ * row's loads follow the streaming stores of this one at any distance modulo 4 KiB: chunks
+ * scaled ahead of their blocks to keep 1 to 3 KiB between the two measured slower (float32 rows
+ * at 1, 2 and 3 KiB modulo 4 KiB, one thread: 1.02, 1.03, 1.07 of the time with none). The
+ * float32 add, fused the same way (its sum of x + r a block ahead of its second pass), measured
+ * slower at one thread (16384x4096 1.10, 32768x2048 1.18, 4096x12288 1.03) and the same or
+ * slower at two (0.99 to 1.08), and keeps its rows one at a time. */
+#define RMS_FUSE_K (sizeof(T) == 2 ? 256 : 2048)
 static inline int FN(fused)(size_t m, size_t k, const int nt) {
-    return nt && sizeof(T) >= 4 && RMS_BLOCK * W * sizeof(T) <= 1024 && m > 1 && k >= RMS_FUSE_K;
+    return nt && RMS_BLOCK * W * sizeof(T) <= 1024 && m > 1 && k >= RMS_FUSE_K;
 }
 
 /* Elements [c, c + n) of row x's second pass into y, streamed: c is 0 with n its head (see
