@@ -53,6 +53,7 @@ static rms_isa_table avx512; /* rms_isa_avx512, with native bfloat16 rounding wh
 static int n_available;
 static size_t pairs_aliased_min = 0;
 static int hw_prefetch = 0;
+static int fuse_16 = 0;
 static const rms_isa_table *current = &rms_isa_scalar;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -75,6 +76,8 @@ size_t rms_cpu_pairs_aliased_min(void) { return pairs_aliased_min; }
 
 int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
 
+int rms_cpu_fuse_16(void) { return fuse_16; }
+
 void rms_dispatch_init(void) {
     int n = 0;
 #if defined(__x86_64__) || defined(__i386__)
@@ -83,10 +86,12 @@ void rms_dispatch_init(void) {
      * so on CPUs without AVX-512, Zen 3 among them, it changes nothing. */
     int amd_avx512 = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
     hw_prefetch = amd_avx512;
+    fuse_16 = x86_vendor_is("AuthenticAMD");
     if (!x86_vendor_is("GenuineIntel"))
         pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
 #endif
     hw_prefetch = env_switch("RMSNORM_HW_PREFETCH", hw_prefetch);
+    fuse_16 = env_switch("RMSNORM_FUSE_16", fuse_16);
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512()) {
         avx512 = rms_isa_avx512;

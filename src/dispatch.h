@@ -22,6 +22,10 @@ size_t rms_cpu_pairs_aliased_min(void);
  * longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512 (Zen 4 and
  * later), whatever kernel family runs on them. */
 int rms_cpu_hw_prefetch(void);
+/* Whether the forward fuses 16-bit rows across rows as it does 32- and 64-bit ones
+ * (RMS_FUSE_16): on AMD CPUs, where it measured faster (Zen 3, AVX2); an Intel Xeon running the
+ * AVX2 kernels measured slower. */
+int rms_cpu_fuse_16(void);
 void rms_isa_select(const rms_isa_table *t);
 
 #endif

@@ -412,7 +412,8 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
     if (total == 0)
         return;
-    int flags = a->flags | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0);
+    int flags = a->flags | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
+                (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
     if (streamable(a->y, a->ys, a->k, es, bytes, min_row) &&

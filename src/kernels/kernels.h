@@ -17,8 +17,9 @@ enum {
     RMS_W_STORAGE = 8,   /* w holds x's storage type (offset 0) rather than the compute type */
     RMS_ROW_PAIRS = 16,  /* backward: rows through the second pass two at a time (bwd_loop) */
     RMS_HW_PREFETCH = 32, /* lean on the hardware prefetcher (FN(ahead), FN(near), FN(pf_mode)) */
-    RMS_DG_NARROW = 64    /* backward, one row of a 16-bit type (with RMS_DG_STORE): dgamma is
+    RMS_DG_NARROW = 64,   /* backward, one row of a 16-bit type (with RMS_DG_STORE): dgamma is
                            * that type, each term rounded to it as it is stored */
+    RMS_FUSE_16 = 128     /* forward: 16-bit rows are fused across rows too (FN(fused)) */
 };
 
 /* A 2-D view: m rows of k contiguous elements, consecutive rows `stride` elements apart

@@ -884,6 +884,11 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  *     0.91 / 0.92, 131072x512 0.95 / 0.95, 262144x256 0.95 / 0.96;
  *   float16 8192x8192 0.79 / 0.92, 16384x4096 0.79 / 0.93, 65536x1024 0.73 / 0.84, 131072x512
  *     0.79 / 0.86, 262144x256 0.92 / 0.99.
+ * 16-bit rows are fused on AMD CPUs only (RMS_FUSE_16, rms_cpu_fuse_16): a 16-core Intel Xeon
+ * running these kernels measured them slower (1 / 4 / 16 threads, 32768x8192: bfloat16 1.16-1.32
+ * / 1.18-1.27 / 1.15-1.18, float16 1.11-1.26 / 1.06-1.14 / 1.07-1.27; steps of 1 KiB rather than
+ * 512 bytes did not help), its float32 not (32768x8192 0.97 / 0.99 / 0.95, 131072x2048 0.91 /
+ * 0.89 / 1.03).
  * Shorter 32- and 64-bit rows, which the L1 prefetch serves (FN(near)), measured slower (float32
  * 65536x1024 1.02 / 1.05-1.08, 131072x512 1.13 / 1.15; float64 32768x1024 1.08 / 1.07). The next
  * row's loads follow the streaming stores of this one at any distance modulo 4 KiB: chunks
@@ -893,8 +898,9 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  * slower at one thread (16384x4096 1.10, 32768x2048 1.18, 4096x12288 1.03) and the same or
  * slower at two (0.99 to 1.08), and keeps its rows one at a time. */
 #define RMS_FUSE_K (sizeof(T) == 2 ? 256 : 2048)
-static inline int FN(fused)(size_t m, size_t k, const int nt) {
-    return nt && RMS_BLOCK * W * sizeof(T) <= 1024 && m > 1 && k >= RMS_FUSE_K;
+static inline int FN(fused)(size_t m, size_t k, int flags, const int nt) {
+    return nt && (sizeof(T) >= 4 || (flags & RMS_FUSE_16)) && RMS_BLOCK * W * sizeof(T) <= 1024 &&
+           m > 1 && k >= RMS_FUSE_K;
 }
 
 /* Elements [c, c + n) of row x's second pass into y, streamed: c is 0 with n its head (see
@@ -951,7 +957,7 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, cons
 RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const void *w, C *rstd,
                              size_t m, size_t k, double eps, int flags, const int hasw,
                              const int before, const int nt) {
-    if (FN(fused)(m, k, nt)) {
+    if (FN(fused)(m, k, flags, nt)) {
         FN(fwd_fused)(x, xs, y, ys, w, rstd, m, k, eps, flags, hasw, before);
         return;
     }

@@ -118,11 +118,11 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
     char *w = malloc(k * cs);
     fill(w, k, dt == RMS_F64 ? RMS_F64 : RMS_F32, 1.0);
     /* every option that changes a loop: the cast before the weight, non-temporal stores (rows
-     * of stride k + 3 start at every alignment, so the streaming heads are exercised too), and
-     * the prefetch left to the hardware */
-    const int opts = RMS_CAST_BEFORE | RMS_STREAM | RMS_HW_PREFETCH;
+     * of stride k + 3 start at every alignment, so the streaming heads are exercised too), the
+     * prefetch left to the hardware, and 16-bit rows fused across rows (streamed only) */
+    const int opts = RMS_CAST_BEFORE | RMS_STREAM | RMS_HW_PREFETCH | RMS_FUSE_16;
     for (int flags = 0; flags <= opts; flags++) {
-        if (flags & ~opts)
+        if ((flags & ~opts) || ((flags & RMS_FUSE_16) && !(flags & RMS_STREAM)))
             continue;
         for (int j = 0; j < 2; j++)
             (j ? kt : ref)->fwd_rows(b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s, w, b.rs[j], m, k,
