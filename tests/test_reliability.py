@@ -404,9 +404,9 @@ def test_streaming_does_not_change_results():
     Every ISA, dtype, output offset and thread count must give the same bits either way, with
     rows that take the slow path (zero, NaN, squares that underflow) among the short rows, which
     the streamed float32 forward takes in groups, and among the long rows, whose sums it takes a
-    block at a time between the chunks of the row before. NaNs are compared by place only: the sign and
-    payload of a NaN that meets another NaN in one instruction depend on the order of its
-    operands, which the compiler picks per loop."""
+    block at a time between the chunks of the row before (16-bit rows too, as on AMD CPUs). NaNs
+    are compared by place only: the sign and payload of a NaN that meets another NaN in one
+    instruction depend on the order of its operands, which the compiler picks per loop."""
     runs = outputs_under_env(STREAM_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])
