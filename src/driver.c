@@ -612,7 +612,8 @@ static int rows_alias(ptrdiff_t s, size_t es) {
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, cs = csize(a->dtype), es = rms_esize(a->dtype);
-    int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0);
+    int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
+                (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
     if (a->k * es >= rms_cpu_pairs_aliased_min() ||
         !(rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;

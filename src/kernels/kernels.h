@@ -19,7 +19,7 @@ enum {
     RMS_HW_PREFETCH = 32, /* lean on the hardware prefetcher (FN(ahead), FN(near), FN(pf_mode)) */
     RMS_DG_NARROW = 64,   /* backward, one row of a 16-bit type (with RMS_DG_STORE): dgamma is
                            * that type, each term rounded to it as it is stored */
-    RMS_FUSE_16 = 128     /* forward: 16-bit rows are fused across rows too (FN(fused)) */
+    RMS_FUSE_16 = 128     /* 16-bit rows are fused across rows too (FN(fused)) */
 };
 
 /* A 2-D view: m rows of k contiguous elements, consecutive rows `stride` elements apart

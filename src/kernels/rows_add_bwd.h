@@ -465,9 +465,81 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
 
 #undef RMS_BWD_PAIRS
 
+/* Elements [c, c + n) of row dy, x's second pass into dx (and dg), streamed; as FN(fwd_chunk). */
+RMS_INLINE void FN(bwd_chunk)(const T *dy, const T *x, const void *w, T *dx, C *dg, V vr, V vnc,
+                              size_t c, size_t n, size_t head, const T *pdy, const T *px,
+                              const int hasw, const int hasdg) {
+    FN(bwd_span)(dy + c, x + c, hasw ? W_AT(w, c, hasw) : NULL, dx + c, hasdg ? dg + c : NULL, vr,
+                 vnc, n, head, pdy ? pdy + c : NULL, pdy ? px + c : NULL, hasw, hasdg, 1);
+}
+
+/* The backward of FN(fused) rows, as FN(fwd_fused) is of the forward: each block of row i + 1's
+ * sum(dy * w * xhat), then as many elements of row i's second pass, so that memory sees the two
+ * streams of reads beside the stream of writes, as a triad does. dgamma gains row i's terms
+ * before row i + 1's in every column and every sum keeps its order, so the bits are those of
+ * FN(bwd_loop). */
+RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
+                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m,
+                              size_t k, int flags, const int hasw, const int hasdg) {
+    const size_t B = RMS_BLOCK * W, d = FN(fused_ahead)(k, RMS_P_BWD, flags);
+    const double inv_k = rms_inv_pow2(k);
+    const int kind = hasw == 2 ? RMS_DOTWS : hasw ? RMS_DOTW : RMS_DOT;
+    A sa = FN(bwd_dot)(dy, dys, x, xs, w, rstd, 0, k, hasw);
+    for (size_t i = 0; i < m; i++) {
+        const double c = rms_mean(A_SUM(sa), k, inv_k);
+        const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
+        T *dxr = dx + (ptrdiff_t)i * dxs;
+        const int next = i + 1 < m;
+        size_t head;
+        if (!next || !FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head)) {
+            if (next)
+                sa = FN(bwd_dot)(dy, dys, x, xs, w, rstd, i + 1, k, hasw);
+            FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c, i, m, k, d, flags, hasw, hasdg, 1);
+        } else {
+            const T *dyn = dyr + dys, *xn = xr + xs;
+            const V vr = V_SET(rstd[i]), vnc = V_SET((C)-c), vrn = V_SET(rstd[i + 1]);
+            size_t cc = head, ir = 0;
+            A l0 = A_ZERO, h0 = A_ZERO;
+            const T *pdy = FN(row_ahead)(dy, dys, i, d, m), *px = FN(row_ahead)(x, xs, i, d, m);
+            FN(bwd_chunk)(dyr, xr, w, dxr, dg, vr, vnc, 0, head, head, pdy, px, hasw, hasdg);
+            for (int first = 1; ir + 4 * W <= k || cc < k; first = 0, cc += B) {
+                if (ir + 4 * W <= k)
+                    FN(reduce_blk)(dyn, xn, w, vrn, k, kind, &ir, &l0, &h0, first);
+                if (cc < k)
+                    FN(bwd_chunk)(dyr, xr, w, dxr, dg, vr, vnc, cc, k - cc < B ? k - cc : B, 0,
+                                  pdy, px, hasw, hasdg);
+            }
+            sa = FN(reduce_end)(dyn, xn, w, vrn, k, kind, ir, l0, h0);
+        }
+    }
+}
+
+/* FN(bwd_fused) with its options as constants, in a function of its own (see fwd_fused_rows). */
+static void FN(bwd_fused_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs,
+                               void *dx, ptrdiff_t dxs, const void *w, const void *rstd, void *dg,
+                               size_t m, size_t k, int flags) {
+#define RMS_F(hw, hg)                                                                              \
+    FN(bwd_fused)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w, (const C *)rstd,          \
+                  (C *)dg, m, k, flags, hw, hg)
+    int hw = !w ? 0 : (flags & RMS_W_STORAGE) ? 2 : 1;
+    switch (hw * 2 + (w && dg)) {
+    case 0: RMS_F(0, 0); break;
+    case 2: RMS_F(1, 0); break;
+    case 3: RMS_F(1, 1); break;
+    case 4: RMS_F(RMS_HW_S, 0); break;
+    default: RMS_F(RMS_HW_S, 1); break;
+    }
+#undef RMS_F
+    V_FENCE();
+}
+
 static void FN(bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
                          ptrdiff_t dxs, const void *w, const void *rstd, void *dg, size_t m,
                          size_t k, int flags) {
+    if (FN(fused)(m, k, flags, (flags & RMS_STREAM) && RMS_NT_ON, RMS_P_BWD)) { /* m > 1 */
+        FN(bwd_fused_rows)(dy, dys, x, xs, dx, dxs, w, rstd, dg, m, k, flags);
+        return;
+    }
     int opt = FN(bwd_opt)(w, dg, flags, flags & RMS_STREAM);
 #define RMS_X(hw, hg, nt)                                                                          \
     RMS_KSW(sizeof(T) == 2 && (hw) && (hg) == 1, k,                                                \

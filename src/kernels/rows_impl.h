@@ -870,45 +870,70 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
         FN(scale)(xr, yr, w, rstd[i], k, flags & ~RMS_STREAM);
 }
 
-/* Streamed rows of RMS_FUSE_K elements or more, whose sums take blocks of at most 1 KiB (AVX2),
- * are fused across rows (FN(fwd_fused)): each block of the next row's sum of squares
- * (reduce_blk) is followed by as many elements of this row's second pass, so that memory sees
- * one stream of reads beside one stream of writes, as a copy does, rather than a row of reads
- * and then a row of writes. AMD EPYC (Zen 3), two builds alternating in one process, page-aligned
- * out=, the same bits, new time over old at one / two threads:
+/* Streamed rows of RMS_FUSE_BYTES or more (512, 1 KiB in the 32- and 64-bit backward), whose sums take blocks of at most 1 KiB (AVX2),
+ * are fused across rows, in the forward (FN(fwd_fused)) and the backward (FN(bwd_fused)): each
+ * block of the next row's sum (reduce_blk) is followed by as many elements of this row's second
+ * pass, so that memory sees the streams of reads beside the stream of writes, as a copy or a
+ * triad does, rather than a row of reads and then a row of writes. A fused loop prefetches the
+ * row after next (FN(fused_ahead)). AMD EPYC (Zen 3), two builds alternating in one process,
+ * page-aligned outputs, the same bits, new time over old at one / two threads. The forward
+ * fused, against one row at a time:
  *   float32 8192x8192 0.87-0.92 / 0.90-0.96, 4096x12288 0.88-0.91 / 0.89-0.93, 1024x32768 0.88 /
- *     0.93, 256x65536 0.96 / 0.95, 16384x4096 0.93-0.97 / 0.93-1.01, 8192x5120 0.95 / 0.97,
- *     21845x3072 0.93 / 0.95, 32768x2048 0.96-0.97 / 0.98-0.99;
- *   float64 8192x4096 0.96 / 0.99, 16384x2048 0.94 / 0.96;
- *   bfloat16 8192x8192 0.95 / 0.94, 16384x4096 0.95 / 1.00, 4096x12288 0.93 / 0.96, 65536x1024
- *     0.91 / 0.92, 131072x512 0.95 / 0.95, 262144x256 0.95 / 0.96;
- *   float16 8192x8192 0.79 / 0.92, 16384x4096 0.79 / 0.93, 65536x1024 0.73 / 0.84, 131072x512
- *     0.79 / 0.86, 262144x256 0.92 / 0.99.
+ *     0.93, 256x65536 0.96 / 0.95, 16384x4096 0.93-0.97 / 0.93-1.01, 32768x2048 0.96-0.97 /
+ *     0.98-0.99; float64 8192x4096 0.96 / 0.99, 16384x2048 0.94 / 0.96;
+ *   bfloat16 8192x8192 0.95 / 0.94, 16384x4096 0.95 / 1.00, 65536x1024 0.91 / 0.92, 262144x256
+ *     0.95 / 0.96; float16 8192x8192 0.79 / 0.92, 65536x1024 0.73 / 0.84, 262144x256 0.92 / 0.99.
+ * Then the backward fused, the 32- and 64-bit rows of 1 to 8 KiB, and the prefetch, against the
+ * forward alone fused from 8 KiB (2048 float32) with no prefetch:
+ *   forward float32 65536x1024 0.91 / 0.92, 262144x256 0.74 / 0.76, 8192x8192 0.96-0.97 /
+ *     0.94-0.97, 16384x4096 0.95 / 0.94; float64 262144x128 0.81 / 0.87; float16 8192x8192 0.91
+ *     / 0.89, 16384x4096 0.93 / 0.92; bfloat16 0.96 to 1.02;
+ *   backward float32 8192x8192 0.92 / 0.88-0.90, 16384x4096 0.96-0.97 / 0.85-0.91, 65536x1024
+ *     0.93-0.95 / 0.80-0.93, 262144x256 0.86-0.89 / 0.83-0.96, 1024x32768 1.04-1.09 / 0.89-1.00;
+ *     float64 16384x2048 0.90-0.91 / 0.84-0.90; bfloat16 8192x8192 0.96-0.97 / 0.92-0.94, 65536x1024
+ *     0.91-0.92 / 0.81-0.83, 262144x256 0.76-0.78 / 0.70-0.73; float16 8192x8192 0.93-0.94 / 0.88,
+ *     262144x256 0.78-0.79 / 0.65-0.73.
+ * Without the prefetch, the fused backward measured slower than one row at a time (float32,
+ * 4096x12288 1.10-1.12 / 1.05, 8192x8192 0.99-1.01 / 1.00-1.01): the CPU then fetches the next
+ * row only as its sum reaches it. Shorter rows, fused, against one at a time: float32 rows of
+ * 512 bytes, forward 0.87-0.92 / 0.90-0.99 (524288x128; float64 524288x64 0.89-0.95 /
+ * 0.99-1.02), backward 1.10 / 1.06; of 256 bytes (1048576x64) forward 1.03 / 0.98, backward 1.16 / 1.12; 16-bit rows of 256
+ * bytes (bfloat16 524288x128) 1.00 both ways.
  * 16-bit rows are fused on AMD CPUs only (RMS_FUSE_16, rms_cpu_fuse_16): a 16-core Intel Xeon
- * running these kernels measured them slower (1 / 4 / 16 threads, 32768x8192: bfloat16 1.16-1.32
- * / 1.18-1.27 / 1.15-1.18, float16 1.11-1.26 / 1.06-1.14 / 1.07-1.27; steps of 1 KiB rather than
- * 512 bytes did not help), its float32 not (32768x8192 0.97 / 0.99 / 0.95, 131072x2048 0.91 /
- * 0.89 / 1.03).
- * Shorter 32- and 64-bit rows, which the L1 prefetch serves (FN(near)), measured slower (float32
- * 65536x1024 1.02 / 1.05-1.08, 131072x512 1.13 / 1.15; float64 32768x1024 1.08 / 1.07). The next
- * row's loads follow the streaming stores of this one at any distance modulo 4 KiB: chunks
- * scaled ahead of their blocks to keep 1 to 3 KiB between the two measured slower (float32 rows
- * at 1, 2 and 3 KiB modulo 4 KiB, one thread: 1.02, 1.03, 1.07 of the time with none). The
- * float32 add, fused the same way (its sum of x + r a block ahead of its second pass), measured
- * slower at one thread (16384x4096 1.10, 32768x2048 1.18, 4096x12288 1.03) and the same or
- * slower at two (0.99 to 1.08), and keeps its rows one at a time. */
-#define RMS_FUSE_K (sizeof(T) == 2 ? 256 : 2048)
-static inline int FN(fused)(size_t m, size_t k, int flags, const int nt) {
+ * running these kernels measured the forward slower (1 / 4 / 16 threads, 32768x8192: bfloat16
+ * 1.16-1.32 / 1.18-1.27 / 1.15-1.18, float16 1.11-1.26 / 1.06-1.14 / 1.07-1.27; steps of 1 KiB
+ * rather than 512 bytes did not help), its float32 not (32768x8192 0.97 / 0.99 / 0.95,
+ * 131072x2048 0.91 / 0.89 / 1.03).
+ * The next row's loads follow the streaming stores of this one at any distance modulo 4 KiB:
+ * chunks scaled ahead of their blocks to keep 1 to 3 KiB between the two measured slower
+ * (float32 rows at 1, 2 and 3 KiB modulo 4 KiB, one thread: 1.02, 1.03, 1.07 of the time with
+ * none). The float32 add, fused the same way (its sum of x + r a block ahead of its second pass,
+ * with no prefetch), measured slower at one thread (16384x4096 1.10, 32768x2048 1.18, 4096x12288
+ * 1.03) and the same or slower at two (0.99 to 1.08), and keeps its rows one at a time. */
+#define RMS_FUSE_BYTES(pass) (sizeof(T) >= 4 && (pass) == RMS_P_BWD ? 1024 : 512)
+static inline int FN(fused)(size_t m, size_t k, int flags, const int nt, const int pass) {
     return nt && (sizeof(T) >= 4 || (flags & RMS_FUSE_16)) && RMS_BLOCK * W * sizeof(T) <= 1024 &&
-           m > 1 && k >= RMS_FUSE_K;
+           m > 1 && k * sizeof(T) >= RMS_FUSE_BYTES(pass);
+}
+
+/* How many rows ahead of the row in its second pass a fused loop prefetches: FN(ahead)'s distance
+ * counted from the next row (which is being summed), or 0 where that is 0. Forward rows of 64 KiB
+ * or more take none (float32 1024x32768 1.05-1.12 / 1.03-1.09 with it, float64 4096x8192 1.04 /
+ * 1.01), nor do 16-bit forward rows under 4 KiB: bfloat16, bound by its arithmetic with AVX2,
+ * measured slower with it (262144x256 1.06-1.07, 131072x512 1.03 at one and two threads). */
+static inline size_t FN(fused_ahead)(size_t k, const int pass, int flags) {
+    size_t d = FN(ahead)(1, k, pass, flags);
+    if (pass == RMS_P_FWD && (k * sizeof(T) >= 65536 || (sizeof(T) == 2 && k * sizeof(T) < 4096)))
+        return 0;
+    return d ? d + 1 : 0;
 }
 
 /* Elements [c, c + n) of row x's second pass into y, streamed: c is 0 with n its head (see
  * FN(span)), or c starts a cache line of y. */
 RMS_INLINE void FN(fwd_chunk)(const T *x, T *y, const void *w, V vr, size_t c, size_t n,
-                              size_t head, const int hasw, const int before) {
-    FN(scale_span)(x + c, y + c, hasw ? W_AT(w, c, hasw) : NULL, vr, n, head, NULL, RMS_PF_L2, hasw,
-                   before, 1);
+                              size_t head, const T *pf, const int hasw, const int before) {
+    FN(scale_span)(x + c, y + c, hasw ? W_AT(w, c, hasw) : NULL, vr, n, head, pf ? pf + c : NULL,
+                   RMS_PF_L2, hasw, before, 1);
 }
 
 /* The forward of FN(fused) rows: each block of row i + 1's sum, then as many elements of row i's
@@ -916,7 +941,7 @@ RMS_INLINE void FN(fwd_chunk)(const T *x, T *y, const void *w, V vr, size_t c, s
  * Every sum keeps its order, so the bits are those of FN(fwd_loop). */
 RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const void *w,
                               C *rstd, size_t m, size_t k, double eps, int flags, const int hasw,
-                              const int before) {
+                              const int before, const size_t d) {
     const size_t B = RMS_BLOCK * W;
     const double inv_k = rms_inv_pow2(k);
     const V one = V_SET((C)1);
@@ -934,12 +959,13 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, cons
             const V vr = V_SET(rstd[i]);
             size_t c = head, ir = 0;
             A l0 = A_ZERO, h0 = A_ZERO;
-            FN(fwd_chunk)(xr, yr, w, vr, 0, head, head, hasw, before);
+            const T *pf = FN(row_ahead)(x, xs, i, d, m);
+            FN(fwd_chunk)(xr, yr, w, vr, 0, head, head, pf, hasw, before);
             for (int first = 1; ir + 4 * W <= k || c < k; first = 0, c += B) {
                 if (ir + 4 * W <= k)
                     FN(reduce_blk)(xn, NULL, NULL, one, k, RMS_SQ, &ir, &l0, &h0, first);
                 if (c < k)
-                    FN(fwd_chunk)(xr, yr, w, vr, c, k - c < B ? k - c : B, 0, hasw, before);
+                    FN(fwd_chunk)(xr, yr, w, vr, c, k - c < B ? k - c : B, 0, pf, hasw, before);
             }
             sa = FN(reduce_end)(xn, NULL, NULL, one, k, RMS_SQ, ir, l0, h0);
         }
@@ -981,10 +1007,11 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const
 /* FN(fwd_fused) with its options as constants, in a function of its own, apart from the row
  * loops (inlined into them, it changed their code: the bfloat16 forward of rows of 64 took 42.5
  * rather than 40 TSC ticks a row in cache on the Zen 3 VM). */
-static void FN(fwd_fused_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, const void *w,
-                               void *rstd, size_t m, size_t k, double eps, int flags) {
+RMS_INLINE void FN(fwd_fused_opts)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys,
+                                   const void *w, void *rstd, size_t m, size_t k, double eps,
+                                   int flags, size_t d) {
 #define RMS_F(hw, bf)                                                                              \
-    FN(fwd_fused)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, hw, bf)
+    FN(fwd_fused)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, hw, bf, d)
     int hw = !w ? 0 : (flags & RMS_W_STORAGE) ? 2 : 1;
     switch (hw * 2 + ((flags & RMS_CAST_BEFORE) != 0)) {
     case 0: RMS_F(0, 0); break;
@@ -995,12 +1022,24 @@ static void FN(fwd_fused_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t y
     default: RMS_F(RMS_HW_S, 1); break;
     }
 #undef RMS_F
+}
+
+/* Rows that prefetch nothing (d == 0) take a copy with no prefetch code at all: the test of a
+ * NULL prefetch row in every vector's loop made the bfloat16 and float16 rows that prefetch
+ * nothing 5 to 16% slower (65536x1024, 262144x256). */
+static void FN(fwd_fused_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, const void *w,
+                               void *rstd, size_t m, size_t k, double eps, int flags) {
+    size_t d = FN(fused_ahead)(k, RMS_P_FWD, flags);
+    if (d)
+        FN(fwd_fused_opts)(x, xs, y, ys, w, rstd, m, k, eps, flags, d);
+    else
+        FN(fwd_fused_opts)(x, xs, y, ys, w, rstd, m, k, eps, flags, 0);
     V_FENCE();
 }
 
 static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, const void *w,
                          void *rstd, size_t m, size_t k, double eps, int flags) {
-    if (FN(fused)(m, k, flags, (flags & RMS_STREAM) && RMS_NT_ON)) {
+    if (FN(fused)(m, k, flags, (flags & RMS_STREAM) && RMS_NT_ON, RMS_P_FWD)) {
         FN(fwd_fused_rows)(x, xs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }

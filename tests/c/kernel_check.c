@@ -135,9 +135,12 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
         check("add h", isa->name, dt, k, b.h[1], b.h[0], n, 0, 1);
         check("add y", isa->name, dt, k, b.out[1], b.out[0], n, 0, 0);
     }
-    for (int f = 0; f < 8; f++) { /* streaming or not, rows one at a time or paired, prefetch */
+    /* streaming or not, rows one at a time or paired, prefetch, 16-bit rows fused (streamed) */
+    for (int f = 0; f < 16; f++) {
         int flags = (f & 1 ? RMS_STREAM : 0) | (f & 2 ? RMS_ROW_PAIRS : 0) |
-                    (f & 4 ? RMS_HW_PREFETCH : 0);
+                    (f & 4 ? RMS_HW_PREFETCH : 0) | (f & 8 ? RMS_FUSE_16 : 0);
+        if ((f & 8) && !(f & 1))
+            continue;
         for (int j = 0; j < 2; j++) {
             memset(b.dg[j], 0, k * cs);
             (j ? kt : ref)->bwd_rows(b.dy, (ptrdiff_t)s, b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s,
@@ -186,11 +189,16 @@ static void compare_storage_weights(const rms_isa_table *isa, int dt, size_t k) 
                      (ptrdiff_t)s, j ? ws : wc, b.rs[j], m, k, 1e-6,
                      (j ? RMS_W_STORAGE : 0) | RMS_CAST_BEFORE);
     check("storage w add y", isa->name, dt, k, b.out[1], b.out[0], n, 0, 1);
-    for (int j = 0; j < 2; j++)
-        kt->bwd_rows(b.dy, (ptrdiff_t)s, b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s, j ? ws : wc,
-                     b.rs[0], b.dg[j], m, k, j ? RMS_W_STORAGE : 0);
-    check("storage w bwd dx", isa->name, dt, k, b.out[1], b.out[0], n, 0, 1);
-    check("storage w bwd dgamma", isa->name, dt, k, b.dg[1], b.dg[0], k, 1, 1);
+    for (int f = 0; f < 2; f++) { /* rows one at a time, or streamed and fused across rows */
+        int flags = f ? RMS_STREAM | RMS_FUSE_16 : 0;
+        for (int j = 0; j < 2; j++) {
+            memset(b.dg[j], 0, k * 4);
+            kt->bwd_rows(b.dy, (ptrdiff_t)s, b.x, (ptrdiff_t)s, b.out[j], (ptrdiff_t)s,
+                         j ? ws : wc, b.rs[0], b.dg[j], m, k, flags | (j ? RMS_W_STORAGE : 0));
+        }
+        check("storage w bwd dx", isa->name, dt, k, b.out[1], b.out[0], n, 0, 1);
+        check("storage w bwd dgamma", isa->name, dt, k, b.dg[1], b.dg[0], k, 1, 1);
+    }
     for (int j = 0; j < 2; j++) { /* the pieces of a row split across threads */
         const void *w = j ? ws : wc;
         int f = j ? RMS_W_STORAGE : 0;
