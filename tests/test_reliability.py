@@ -391,7 +391,10 @@ for isa in rmsnorm.available_isas():
                     ya, ra, h = rmsnorm.add_rms_norm(
                         x, r, g, out=at(x.shape, dt, shift), residual_out=at(x.shape, dt, shift)
                     )
-                    for a in (y, rstd, dx, dg, ya, ra, h):  # every NaN as one NaN
+                    xi, ri = at(x.shape, dt, shift), at(x.shape, dt, shift)
+                    xi[...], ri[...] = x, r  # in place: y over x, h over r
+                    rmsnorm.add_rms_norm(xi, ri, g, out=xi, residual_out=ri)
+                    for a in (y, rstd, dx, dg, ya, ra, h, xi, ri):  # every NaN as one NaN
                         a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
                         out.append(a.ravel().view(np.uint8))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
@@ -403,8 +406,9 @@ def test_streaming_does_not_change_results():
     partial lines of rows that start or end inside one plainly); a huge value streams none.
     Every ISA, dtype, output offset and thread count must give the same bits either way, with
     rows that take the slow path (zero, NaN, squares that underflow) among the short rows, which
-    the streamed float32 forward takes in groups, and among the long rows, whose sums it takes a
-    block at a time between the chunks of the row before (16-bit rows too, as on AMD CPUs). NaNs
+    the streamed float32 forward takes in groups, and among the long rows, whose sums the forward,
+    the backward and the add take a block at a time between the chunks of the row before (16-bit
+    rows too, as on AMD CPUs), the add also in place. NaNs
     are compared by place only: the sign and payload of a NaN that meets another NaN in one
     instruction depend on the order of its operands, which the compiler picks per loop."""
     runs = outputs_under_env(STREAM_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)

@@ -234,9 +234,68 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
     }
 }
 
+/* The add of FN(fused) 32- and 64-bit rows, as FN(fwd_fused) is of the forward: each block of
+ * row i + 1's sum of (x + r)^2, then as many elements of row i's h and y. h and y may be x or r
+ * (row i + 1 is read before row i + 1 is written). */
+RMS_INLINE void FN(add_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
+                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
+                              size_t k, double eps, int flags, const int hasw, const int before) {
+    const size_t B = RMS_BLOCK * W, d = FN(fused_ahead)(k, RMS_P_ADD, flags);
+    const double inv_k = rms_inv_pow2(k);
+    const V one = V_SET((C)1);
+    A sa = FN(reduce_a)(x, r, NULL, (C)1, k, RMS_ADDSQ);
+    FN(rstds)(&sa, rstd, 1, x, xs, r, rs, k, eps, inv_k);
+    for (size_t i = 0; i < m; i++) {
+        const T *xr = x + (ptrdiff_t)i * xs, *rr = r + (ptrdiff_t)i * rs;
+        const T *xn = i + 1 < m ? xr + xs : NULL, *rn = rr + rs;
+        T *hr = h + (ptrdiff_t)i * hs, *yr = y + (ptrdiff_t)i * ys;
+        size_t head;
+        if (!xn || !FN(plan_stream)(yr, hr, k, RMS_STREAM, &head)) {
+            if (xn)
+                sa = FN(reduce_a)(xn, rn, NULL, (C)1, k, RMS_ADDSQ);
+            FN(add_row)(x, xs, r, rs, h, hs, y, ys, w, rstd, i, m, k, d, RMS_PF_L2, hasw, before,
+                        1);
+        } else {
+            const T *px = FN(row_ahead)(x, xs, i, d, m), *pr = FN(row_ahead)(r, rs, i, d, m);
+            const V vr = V_SET(rstd[i]);
+            size_t c = head, ir = 0;
+            A l0 = A_ZERO, h0 = A_ZERO;
+#define RMS_ADD_CHUNK(c, n, hd)                                                                    \
+    FN(add_span)(xr + (c), rr + (c), hr + (c), yr + (c), hasw ? W_AT(w, (c), hasw) : NULL, vr, n, \
+                 hd, px ? px + (c) : NULL, px ? pr + (c) : NULL, RMS_PF_L2, hasw, before, 1)
+            RMS_ADD_CHUNK(0, head, head);
+            for (int first = 1; ir + 4 * W <= k || c < k; first = 0, c += B) {
+                if (ir + 4 * W <= k)
+                    FN(reduce_blk)(xn, rn, NULL, one, k, RMS_ADDSQ, &ir, &l0, &h0, first);
+                if (c < k)
+                    RMS_ADD_CHUNK(c, k - c < B ? k - c : B, 0);
+            }
+#undef RMS_ADD_CHUNK
+            sa = FN(reduce_end)(xn, rn, NULL, one, k, RMS_ADDSQ, ir, l0, h0);
+        }
+        if (xn)
+            FN(rstds)(&sa, rstd + i + 1, 1, xn, xs, rn, rs, k, eps, inv_k);
+    }
+}
+
+static void FN(add_fused_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
+                               ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd,
+                               size_t m, size_t k, double eps, int flags) {
+#define RMS_F(hw, bf)                                                                              \
+    FN(add_fused)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m, k,  \
+                  eps, flags, hw, bf)
+    RMS_SWITCH_HWBF(w, flags, RMS_F);
+#undef RMS_F
+    V_FENCE();
+}
+
 static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
                          ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd,
                          size_t m, size_t k, double eps, int flags) {
+    if (sizeof(T) >= 4 && FN(fused)(m, k, flags, (flags & RMS_STREAM) && RMS_NT_ON, RMS_P_ADD)) {
+        FN(add_fused_rows)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags);
+        return;
+    }
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
     RMS_KSW(sizeof(T) == 2 && (hw) && !(bf), k,                                                    \

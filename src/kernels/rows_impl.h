@@ -870,13 +870,14 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
         FN(scale)(xr, yr, w, rstd[i], k, flags & ~RMS_STREAM);
 }
 
-/* Streamed rows of RMS_FUSE_BYTES or more (512, 1 KiB in the 32- and 64-bit backward), whose sums take blocks of at most 1 KiB (AVX2),
- * are fused across rows, in the forward (FN(fwd_fused)) and the backward (FN(bwd_fused)): each
- * block of the next row's sum (reduce_blk) is followed by as many elements of this row's second
- * pass, so that memory sees the streams of reads beside the stream of writes, as a copy or a
- * triad does, rather than a row of reads and then a row of writes. A fused loop prefetches the
- * row after next (FN(fused_ahead)). AMD EPYC (Zen 3), two builds alternating in one process,
- * page-aligned outputs, the same bits, new time over old at one / two threads. The forward
+/* Streamed rows of RMS_FUSE_BYTES or more (512; 1 KiB in the 32- and 64-bit backward and add),
+ * whose sums take blocks of at most 1 KiB (AVX2), are fused across rows, in the forward
+ * (FN(fwd_fused)), the backward (FN(bwd_fused)) and the add (FN(add_fused)): each block of the
+ * next row's sum (reduce_blk) is followed by as many elements of this row's second pass, so that
+ * memory sees the streams of reads beside the stream of writes, as a copy or a triad does, rather
+ * than a row of reads and then a row of writes. A fused loop prefetches the row after next
+ * (FN(fused_ahead)). AMD EPYC (Zen 3), two builds alternating in one process, page-aligned
+ * outputs, the same bits, new time over old at one / two threads. The forward
  * fused, against one row at a time:
  *   float32 8192x8192 0.87-0.92 / 0.90-0.96, 4096x12288 0.88-0.91 / 0.89-0.93, 1024x32768 0.88 /
  *     0.93, 256x65536 0.96 / 0.95, 16384x4096 0.93-0.97 / 0.93-1.01, 32768x2048 0.96-0.97 /
@@ -890,15 +891,15 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  *     / 0.89, 16384x4096 0.93 / 0.92; bfloat16 0.96 to 1.02;
  *   backward float32 8192x8192 0.92 / 0.88-0.90, 16384x4096 0.96-0.97 / 0.85-0.91, 65536x1024
  *     0.93-0.95 / 0.80-0.93, 262144x256 0.86-0.89 / 0.83-0.96, 1024x32768 1.04-1.09 / 0.89-1.00;
- *     float64 16384x2048 0.90-0.91 / 0.84-0.90; bfloat16 8192x8192 0.96-0.97 / 0.92-0.94, 65536x1024
- *     0.91-0.92 / 0.81-0.83, 262144x256 0.76-0.78 / 0.70-0.73; float16 8192x8192 0.93-0.94 / 0.88,
- *     262144x256 0.78-0.79 / 0.65-0.73.
+ *     float64 16384x2048 0.90-0.91 / 0.84-0.90; bfloat16 8192x8192 0.96-0.97 / 0.92-0.94,
+ *     65536x1024 0.91-0.92 / 0.81-0.83, 262144x256 0.76-0.78 / 0.70-0.73; float16 8192x8192
+ *     0.93-0.94 / 0.88, 262144x256 0.78-0.79 / 0.65-0.73.
  * Without the prefetch, the fused backward measured slower than one row at a time (float32,
  * 4096x12288 1.10-1.12 / 1.05, 8192x8192 0.99-1.01 / 1.00-1.01): the CPU then fetches the next
  * row only as its sum reaches it. Shorter rows, fused, against one at a time: float32 rows of
  * 512 bytes, forward 0.87-0.92 / 0.90-0.99 (524288x128; float64 524288x64 0.89-0.95 /
- * 0.99-1.02), backward 1.10 / 1.06; of 256 bytes (1048576x64) forward 1.03 / 0.98, backward 1.16 / 1.12; 16-bit rows of 256
- * bytes (bfloat16 524288x128) 1.00 both ways.
+ * 0.99-1.02), backward 1.10 / 1.06; of 256 bytes (1048576x64) forward 1.03 / 0.98, backward
+ * 1.16 / 1.12; 16-bit rows of 256 bytes (bfloat16 524288x128) 1.00 both ways.
  * 16-bit rows are fused on AMD CPUs only (RMS_FUSE_16, rms_cpu_fuse_16): a 16-core Intel Xeon
  * running these kernels measured the forward slower (1 / 4 / 16 threads, 32768x8192: bfloat16
  * 1.16-1.32 / 1.18-1.27 / 1.15-1.18, float16 1.11-1.26 / 1.06-1.14 / 1.07-1.27; steps of 1 KiB
@@ -907,10 +908,13 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  * The next row's loads follow the streaming stores of this one at any distance modulo 4 KiB:
  * chunks scaled ahead of their blocks to keep 1 to 3 KiB between the two measured slower
  * (float32 rows at 1, 2 and 3 KiB modulo 4 KiB, one thread: 1.02, 1.03, 1.07 of the time with
- * none). The float32 add, fused the same way (its sum of x + r a block ahead of its second pass,
- * with no prefetch), measured slower at one thread (16384x4096 1.10, 32768x2048 1.18, 4096x12288
- * 1.03) and the same or slower at two (0.99 to 1.08), and keeps its rows one at a time. */
-#define RMS_FUSE_BYTES(pass) (sizeof(T) >= 4 && (pass) == RMS_P_BWD ? 1024 : 512)
+ * none). The 32- and 64-bit add is fused too (FN(add_fused); 16-bit rows take their stage),
+ * from 1 KiB: with no prefetch it measured slower at one thread (float32 16384x4096 1.10,
+ * 32768x2048 1.18, 4096x12288 1.03) and the same or slower at two (0.99 to 1.08); with it, against
+ * one row at a time: float32 8192x8192 0.89 / 0.96, 16384x4096 0.85 / 0.95, 4096x12288 0.83-0.90 /
+ * 0.93-0.96, 65536x1024 0.86-0.87 / 0.93-0.95, 262144x256 0.78-0.86 / 0.90-0.94; float64 8192x4096
+ * 0.88-0.93 / 0.95-0.98, 65536x512 0.91-0.95 / 0.91-0.94 (bfloat16, staged, 1.00). */
+#define RMS_FUSE_BYTES(pass) (sizeof(T) >= 4 && (pass) != RMS_P_FWD ? 1024 : 512)
 static inline int FN(fused)(size_t m, size_t k, int flags, const int nt, const int pass) {
     return nt && (sizeof(T) >= 4 || (flags & RMS_FUSE_16)) && RMS_BLOCK * W * sizeof(T) <= 1024 &&
            m > 1 && k * sizeof(T) >= RMS_FUSE_BYTES(pass);
@@ -1004,6 +1008,21 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const
     }
 }
 
+/* F(hasw, before) with constant arguments for the weight w (none, compute type, storage type:
+ * RMS_W_STORAGE) and RMS_CAST_BEFORE in flags: the fused loops' options. */
+#define RMS_SWITCH_HWBF(w, flags, F)                                                               \
+    do {                                                                                           \
+        switch ((!(w) ? 0 : ((flags) & RMS_W_STORAGE) ? 2 : 1) * 2 +                               \
+                (((flags) & RMS_CAST_BEFORE) != 0)) {                                              \
+        case 0: F(0, 0); break;                                                                    \
+        case 1: F(0, 1); break;                                                                    \
+        case 2: F(1, 0); break;                                                                    \
+        case 3: F(1, 1); break;                                                                    \
+        case 4: F(RMS_HW_S, 0); break;                                                             \
+        default: F(RMS_HW_S, 1); break;                                                            \
+        }                                                                                          \
+    } while (0)
+
 /* FN(fwd_fused) with its options as constants, in a function of its own, apart from the row
  * loops (inlined into them, it changed their code: the bfloat16 forward of rows of 64 took 42.5
  * rather than 40 TSC ticks a row in cache on the Zen 3 VM). */
@@ -1012,15 +1031,7 @@ RMS_INLINE void FN(fwd_fused_opts)(const void *x, ptrdiff_t xs, void *y, ptrdiff
                                    int flags, size_t d) {
 #define RMS_F(hw, bf)                                                                              \
     FN(fwd_fused)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, hw, bf, d)
-    int hw = !w ? 0 : (flags & RMS_W_STORAGE) ? 2 : 1;
-    switch (hw * 2 + ((flags & RMS_CAST_BEFORE) != 0)) {
-    case 0: RMS_F(0, 0); break;
-    case 1: RMS_F(0, 1); break;
-    case 2: RMS_F(1, 0); break;
-    case 3: RMS_F(1, 1); break;
-    case 4: RMS_F(RMS_HW_S, 0); break;
-    default: RMS_F(RMS_HW_S, 1); break;
-    }
+    RMS_SWITCH_HWBF(w, flags, RMS_F);
 #undef RMS_F
 }
 
