@@ -247,7 +247,7 @@ RMS_INLINE void FN(add_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
     FN(rstds)(&sa, rstd, 1, x, xs, r, rs, k, eps, inv_k);
     for (size_t i = 0; i < m; i++) {
         const T *xr = x + (ptrdiff_t)i * xs, *rr = r + (ptrdiff_t)i * rs;
-        const T *xn = i + 1 < m ? xr + xs : NULL, *rn = rr + rs;
+        const T *xn = i + 1 < m ? xr + xs : NULL, *rn = xn ? rr + rs : NULL;
         T *hr = h + (ptrdiff_t)i * hs, *yr = y + (ptrdiff_t)i * ys;
         size_t head;
         if (!xn || !FN(plan_stream)(yr, hr, k, RMS_STREAM, &head)) {
