@@ -240,7 +240,7 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
 RMS_INLINE void FN(add_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                               ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                               size_t k, double eps, int flags, const int hasw, const int before) {
-    const size_t B = RMS_BLOCK * W, d = FN(fused_ahead)(k, RMS_P_ADD, flags);
+    const size_t d = FN(fused_ahead)(k, RMS_P_ADD, flags);
     const double inv_k = rms_inv_pow2(k);
     const V one = V_SET((C)1);
     A sa = FN(reduce_a)(x, r, NULL, (C)1, k, RMS_ADDSQ);
@@ -258,20 +258,11 @@ RMS_INLINE void FN(add_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
         } else {
             const T *px = FN(row_ahead)(x, xs, i, d, m), *pr = FN(row_ahead)(r, rs, i, d, m);
             const V vr = V_SET(rstd[i]);
-            size_t c = head, ir = 0;
-            A l0 = A_ZERO, h0 = A_ZERO;
-#define RMS_ADD_CHUNK(c, n, hd)                                                                    \
+#define RMS_CHUNK(c, n, hd)                                                                        \
     FN(add_span)(xr + (c), rr + (c), hr + (c), yr + (c), hasw ? W_AT(w, (c), hasw) : NULL, vr, n, \
                  hd, px ? px + (c) : NULL, px ? pr + (c) : NULL, RMS_PF_L2, hasw, before, 1)
-            RMS_ADD_CHUNK(0, head, head);
-            for (int first = 1; ir + 4 * W <= k || c < k; first = 0, c += B) {
-                if (ir + 4 * W <= k)
-                    FN(reduce_blk)(xn, rn, NULL, one, k, RMS_ADDSQ, &ir, &l0, &h0, first);
-                if (c < k)
-                    RMS_ADD_CHUNK(c, k - c < B ? k - c : B, 0);
-            }
-#undef RMS_ADD_CHUNK
-            sa = FN(reduce_end)(xn, rn, NULL, one, k, RMS_ADDSQ, ir, l0, h0);
+            RMS_FUSE_PASS(sa, xn, rn, NULL, one, k, RMS_ADDSQ, head, RMS_CHUNK);
+#undef RMS_CHUNK
         }
         if (xn)
             FN(rstds)(&sa, rstd + i + 1, 1, xn, xs, rn, rs, k, eps, inv_k);
@@ -281,12 +272,12 @@ RMS_INLINE void FN(add_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
 static void FN(add_fused_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
                                ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd,
                                size_t m, size_t k, double eps, int flags) {
-#define RMS_F(hw, bf)                                                                              \
+#define RMS_X(hw, bf, nt)                                                                          \
+    if (nt) /* always: fused rows stream */                                                        \
     FN(add_fused)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m, k,  \
                   eps, flags, hw, bf)
-    RMS_SWITCH_HWBF(w, flags, RMS_F);
-#undef RMS_F
-    V_FENCE();
+    RMS_SWITCH3(FN(opts)(w, flags, 1), flags, RMS_X);
+#undef RMS_X
 }
 
 static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
@@ -540,7 +531,7 @@ RMS_INLINE void FN(bwd_chunk)(const T *dy, const T *x, const void *w, T *dx, C *
 RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                               ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m,
                               size_t k, int flags, const int hasw, const int hasdg) {
-    const size_t B = RMS_BLOCK * W, d = FN(fused_ahead)(k, RMS_P_BWD, flags);
+    const size_t d = FN(fused_ahead)(k, RMS_P_BWD, flags);
     const double inv_k = rms_inv_pow2(k);
     const int kind = hasw == 2 ? RMS_DOTWS : hasw ? RMS_DOTW : RMS_DOT;
     A sa = FN(bwd_dot)(dy, dys, x, xs, w, rstd, 0, k, hasw);
@@ -557,18 +548,11 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
         } else {
             const T *dyn = dyr + dys, *xn = xr + xs;
             const V vr = V_SET(rstd[i]), vnc = V_SET((C)-c), vrn = V_SET(rstd[i + 1]);
-            size_t cc = head, ir = 0;
-            A l0 = A_ZERO, h0 = A_ZERO;
             const T *pdy = FN(row_ahead)(dy, dys, i, d, m), *px = FN(row_ahead)(x, xs, i, d, m);
-            FN(bwd_chunk)(dyr, xr, w, dxr, dg, vr, vnc, 0, head, head, pdy, px, hasw, hasdg);
-            for (int first = 1; ir + 4 * W <= k || cc < k; first = 0, cc += B) {
-                if (ir + 4 * W <= k)
-                    FN(reduce_blk)(dyn, xn, w, vrn, k, kind, &ir, &l0, &h0, first);
-                if (cc < k)
-                    FN(bwd_chunk)(dyr, xr, w, dxr, dg, vr, vnc, cc, k - cc < B ? k - cc : B, 0,
-                                  pdy, px, hasw, hasdg);
-            }
-            sa = FN(reduce_end)(dyn, xn, w, vrn, k, kind, ir, l0, h0);
+#define RMS_CHUNK(c, n, hd)                                                                        \
+    FN(bwd_chunk)(dyr, xr, w, dxr, dg, vr, vnc, c, n, hd, pdy, px, hasw, hasdg)
+            RMS_FUSE_PASS(sa, dyn, xn, w, vrn, k, kind, head, RMS_CHUNK);
+#undef RMS_CHUNK
         }
     }
 }
@@ -577,19 +561,12 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
 static void FN(bwd_fused_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs,
                                void *dx, ptrdiff_t dxs, const void *w, const void *rstd, void *dg,
                                size_t m, size_t k, int flags) {
-#define RMS_F(hw, hg)                                                                              \
+#define RMS_X(hw, hg, nt)                                                                          \
+    if ((nt) && (hg) < 2) /* always: fused rows stream, and are more than one (no RMS_DG_STORE) */ \
     FN(bwd_fused)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w, (const C *)rstd,          \
                   (C *)dg, m, k, flags, hw, hg)
-    int hw = !w ? 0 : (flags & RMS_W_STORAGE) ? 2 : 1;
-    switch (hw * 2 + (w && dg)) {
-    case 0: RMS_F(0, 0); break;
-    case 2: RMS_F(1, 0); break;
-    case 3: RMS_F(1, 1); break;
-    case 4: RMS_F(RMS_HW_S, 0); break;
-    default: RMS_F(RMS_HW_S, 1); break;
-    }
-#undef RMS_F
-    V_FENCE();
+    RMS_SWITCH_BWD(FN(bwd_opt)(w, dg, flags, 1), flags, RMS_X);
+#undef RMS_X
 }
 
 static void FN(bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,

@@ -945,13 +945,30 @@ RMS_INLINE void FN(fwd_chunk)(const T *x, T *y, const void *w, V vr, size_t c, s
                    RMS_PF_L2, hasw, before, 1);
 }
 
+/* The body of a fused loop's row: CHUNK(0, head, head), then each block of the next row's sum
+ * FN(reduce_blk)(a, b, wr, s, k, kind) followed by CHUNK(c, n, 0), the next RMS_BLOCK * W (or
+ * fewer, at the end) elements of this row's second pass from c = head; the sum is left in sa. */
+#define RMS_FUSE_PASS(sa, a, b, wr, s, k, kind, head, CHUNK)                                      \
+    do {                                                                                           \
+        const size_t B_ = RMS_BLOCK * W;                                                           \
+        size_t c_ = (head), ir_ = 0;                                                               \
+        A l_ = A_ZERO, h_ = A_ZERO;                                                                \
+        CHUNK(0, c_, c_);                                                                          \
+        for (int first_ = 1; ir_ + 4 * W <= (k) || c_ < (k); first_ = 0, c_ += B_) {               \
+            if (ir_ + 4 * W <= (k))                                                                \
+                FN(reduce_blk)(a, b, wr, s, k, kind, &ir_, &l_, &h_, first_);                      \
+            if (c_ < (k))                                                                          \
+                CHUNK(c_, (k) - c_ < B_ ? (k) - c_ : B_, 0);                                       \
+        }                                                                                          \
+        sa = FN(reduce_end)(a, b, wr, s, k, kind, ir_, l_, h_);                                    \
+    } while (0)
+
 /* The forward of FN(fused) rows: each block of row i + 1's sum, then as many elements of row i's
  * second pass. The last row, and a row whose y cannot stream, take their two passes in turn.
  * Every sum keeps its order, so the bits are those of FN(fwd_loop). */
 RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const void *w,
                               C *rstd, size_t m, size_t k, double eps, int flags, const int hasw,
                               const int before, const size_t d) {
-    const size_t B = RMS_BLOCK * W;
     const double inv_k = rms_inv_pow2(k);
     const V one = V_SET((C)1);
     A sa = FN(reduce_a)(x, NULL, NULL, (C)1, k, RMS_SQ);
@@ -966,17 +983,10 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, cons
             FN(fwd_row)(x, xs, y, ys, w, rstd, i, m, k, 0, RMS_PF_L2, flags, hasw, before, 1);
         } else {
             const V vr = V_SET(rstd[i]);
-            size_t c = head, ir = 0;
-            A l0 = A_ZERO, h0 = A_ZERO;
             const T *pf = FN(row_ahead)(x, xs, i, d, m);
-            FN(fwd_chunk)(xr, yr, w, vr, 0, head, head, pf, hasw, before);
-            for (int first = 1; ir + 4 * W <= k || c < k; first = 0, c += B) {
-                if (ir + 4 * W <= k)
-                    FN(reduce_blk)(xn, NULL, NULL, one, k, RMS_SQ, &ir, &l0, &h0, first);
-                if (c < k)
-                    FN(fwd_chunk)(xr, yr, w, vr, c, k - c < B ? k - c : B, 0, pf, hasw, before);
-            }
-            sa = FN(reduce_end)(xn, NULL, NULL, one, k, RMS_SQ, ir, l0, h0);
+#define RMS_CHUNK(c, n, hd) FN(fwd_chunk)(xr, yr, w, vr, c, n, hd, pf, hasw, before)
+            RMS_FUSE_PASS(sa, xn, NULL, NULL, one, k, RMS_SQ, head, RMS_CHUNK);
+#undef RMS_CHUNK
         }
         if (xn)
             FN(rstds)(&sa, rstd + i + 1, 1, xn, xs, NULL, 0, k, eps, inv_k);
@@ -1013,31 +1023,17 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const
     }
 }
 
-/* F(hasw, before) with constant arguments for the weight w (none, compute type, storage type:
- * RMS_W_STORAGE) and RMS_CAST_BEFORE in flags: the fused loops' options. */
-#define RMS_SWITCH_HWBF(w, flags, F)                                                               \
-    do {                                                                                           \
-        switch ((!(w) ? 0 : ((flags) & RMS_W_STORAGE) ? 2 : 1) * 2 +                               \
-                (((flags) & RMS_CAST_BEFORE) != 0)) {                                              \
-        case 0: F(0, 0); break;                                                                    \
-        case 1: F(0, 1); break;                                                                    \
-        case 2: F(1, 0); break;                                                                    \
-        case 3: F(1, 1); break;                                                                    \
-        case 4: F(RMS_HW_S, 0); break;                                                             \
-        default: F(RMS_HW_S, 1); break;                                                            \
-        }                                                                                          \
-    } while (0)
-
 /* FN(fwd_fused) with its options as constants, in a function of its own, apart from the row
  * loops (inlined into them, it changed their code: the bfloat16 forward of rows of 64 took 42.5
  * rather than 40 TSC ticks a row in cache on the Zen 3 VM). */
 RMS_INLINE void FN(fwd_fused_opts)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys,
                                    const void *w, void *rstd, size_t m, size_t k, double eps,
                                    int flags, size_t d) {
-#define RMS_F(hw, bf)                                                                              \
+#define RMS_X(hw, bf, nt)                                                                          \
+    if (nt) /* always: fused rows stream */                                                        \
     FN(fwd_fused)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, hw, bf, d)
-    RMS_SWITCH_HWBF(w, flags, RMS_F);
-#undef RMS_F
+    RMS_SWITCH3(FN(opts)(w, flags, 1), flags, RMS_X);
+#undef RMS_X
 }
 
 /* Rows that prefetch nothing (d == 0) take a copy with no prefetch code at all: the test of a
@@ -1050,7 +1046,6 @@ static void FN(fwd_fused_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t y
         FN(fwd_fused_opts)(x, xs, y, ys, w, rstd, m, k, eps, flags, d);
     else
         FN(fwd_fused_opts)(x, xs, y, ys, w, rstd, m, k, eps, flags, 0);
-    V_FENCE();
 }
 
 static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, const void *w,
