@@ -921,18 +921,20 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  * 0.88-0.93 / 0.95-0.98, 65536x512 0.91-0.95 / 0.91-0.94 (bfloat16, staged, 1.00). */
 #define RMS_FUSE_BYTES(pass) (sizeof(T) >= 4 && (pass) != RMS_P_FWD ? 1024 : 512)
 /* The AVX-512 32- and 64-bit sums take blocks of 2 KiB, and are fused in the forward of rows of
- * 4 to 32 KiB and the add of rows of 4 to 16 KiB only: on a 2-core Intel Xeon (AVX512-BF16 and
+ * 4 to 32 KiB and the add of rows of 4 to 8 KiB only. On a 2-core Intel Xeon (AVX512-BF16 and
  * -FP16, 2 MiB of L2 a core), against one row at a time at one / two threads, float32 forward
  * 65536x1024 0.86-0.88 / 0.85-0.87, 32768x2048 0.84 / 0.84, 16384x4096 0.89 / 0.89, but
  * 8192x8192 1.01 / 1.01, 4096x12288 1.02 / 1.02, 131072x512 1.01-1.04 / 0.97-1.05; add
  * 65536x1024 0.94 / 0.92, 32768x2048 1.00 / 0.96, 16384x4096 1.02 / 1.01, 8192x8192 1.04-1.05 /
  * 1.02-1.03; backward 65536x1024 1.11-1.16 / 1.01-1.09, 16384x4096 1.04 / 1.04, 8192x8192 0.98 /
- * 0.98. */
+ * 0.98. On the 16-core Xeon at 1 / 4 / 16 threads: forward 131072x1024 0.93 / 0.90 / 0.95,
+ * 65536x2048 0.98 / 1.00 / 0.96, 32768x4096 1.01 / 1.03 / 1.01; add 131072x1024 0.98 / 1.02 /
+ * 0.99, 65536x2048 1.00-1.06 / 1.05-1.06 / 0.99-1.02, float64 65536x1024 1.09 / 1.04 / 0.99. */
 static inline int FN(fused)(size_t m, size_t k, int flags, const int nt, const int pass) {
     const size_t rb = k * sizeof(T);
     return nt && (sizeof(T) >= 4 || (flags & RMS_FUSE_16)) && m > 1 && rb >= RMS_FUSE_BYTES(pass) &&
            (RMS_BLOCK * W * sizeof(T) <= 1024 ||
-            (pass != RMS_P_BWD && rb >= 4096 && rb < (pass == RMS_P_FWD ? 32768u : 16384u)));
+            (pass != RMS_P_BWD && rb >= 4096 && rb < (pass == RMS_P_FWD ? 32768u : 8192u)));
 }
 
 /* How many rows ahead of the row in its second pass a fused loop prefetches: FN(ahead)'s distance
