@@ -871,7 +871,8 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
 }
 
 /* Streamed rows of RMS_FUSE_BYTES or more (512; 1 KiB in the 32- and 64-bit backward and add),
- * whose sums take blocks of at most 1 KiB (AVX2), are fused across rows, in the forward
+ * whose sums take blocks of at most 1 KiB (AVX2; with AVX-512, whose 32- and 64-bit blocks are
+ * 2 KiB, some row lengths only: see FN(fused)), are fused across rows, in the forward
  * (FN(fwd_fused)), the backward (FN(bwd_fused)) and the add (FN(add_fused)): each block of the
  * next row's sum (reduce_blk) is followed by as many elements of this row's second pass, so that
  * memory sees the streams of reads beside the stream of writes, as a copy or a triad does, rather
