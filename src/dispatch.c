@@ -52,6 +52,7 @@ static rms_isa_table avx512; /* rms_isa_avx512, with native bfloat16 rounding wh
 #endif
 static int n_available;
 static size_t pairs_aliased_min = 0;
+static size_t single_min = 0, single_max = 0; /* 32- and 64-bit rows not paired: [min, max) */
 static int hw_prefetch = 0;
 static int fuse_16 = 0;
 static const rms_isa_table *current = &rms_isa_scalar;
@@ -74,6 +75,10 @@ static int env_switch(const char *name, int dflt) {
 
 size_t rms_cpu_pairs_aliased_min(void) { return pairs_aliased_min; }
 
+int rms_cpu_pairs_len(size_t row_bytes, size_t es) {
+    return es < 4 || row_bytes < single_min || row_bytes >= single_max;
+}
+
 int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
 
 int rms_cpu_fuse_16(void) { return fuse_16; }
@@ -89,6 +94,10 @@ void rms_dispatch_init(void) {
     fuse_16 = x86_vendor_is("AuthenticAMD");
     if (!x86_vendor_is("GenuineIntel"))
         pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
+    else {
+        single_min = 32768;
+        single_max = 131072;
+    }
 #endif
     hw_prefetch = env_switch("RMSNORM_HW_PREFETCH", hw_prefetch);
     fuse_16 = env_switch("RMSNORM_FUSE_16", fuse_16);

@@ -608,14 +608,22 @@ static int rows_alias(ptrdiff_t s, size_t es) {
  * EPYC (Zen 4), one thread, page-aligned arrays, ratio to two copies, one at a time -> in pairs,
  * rows of 32 KiB and more gained (8192x8192 1.12-1.27 -> 1.08-1.21, 4096x12288 1.47-1.54 ->
  * 1.32-1.40, 4096x16384 1.20-1.24 -> 1.19-1.21) and shorter ones lost (16384x4096 1.12-1.15 ->
- * 1.26-1.30, 65536x1024 1.20-1.27 -> 1.63-1.67). */
+ * 1.26-1.30, 65536x1024 1.20-1.27 -> 1.63-1.67). On Intel CPUs, 32- and 64-bit rows of 32 to
+ * 128 KiB go one at a time (rms_cpu_pairs_len). A 2-core Xeon (AVX-512, 2 MiB of L2 a core), two
+ * choices alternating in one process, page-aligned arrays, time one at a time over in pairs at
+ * one / two threads: float32 8192x8192 0.93-0.94 / 0.94, 4096x12288 0.92-0.95 / 0.94-0.97,
+ * 2048x16384 0.97-0.98 / 0.97; float64 8192x4096 0.95 / 0.96, 4096x8192 0.96 / 0.95. Shorter
+ * and longer rows measured faster in pairs (float32 16384x4096 1.04-1.05 / 1.00-1.03, 65536x1024
+ * 1.16 / 1.16; float64 2048x16384 1.13 / 1.10), and so did 16-bit rows (bfloat16 and float16
+ * 8192x8192 to 1024x32768 1.01 to 1.09). */
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, cs = csize(a->dtype), es = rms_esize(a->dtype);
     int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
                 (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
-    if (a->k * es >= rms_cpu_pairs_aliased_min() ||
-        !(rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
+    if ((a->k * es >= rms_cpu_pairs_aliased_min() ||
+         !(rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es))) &&
+        rms_cpu_pairs_len(a->k * es, es))
         flags |= RMS_ROW_PAIRS;
     if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW))
         flags |= RMS_STREAM;

@@ -371,13 +371,13 @@ def at(shape, dt, shift):
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-        for m, k in ((40, 64), (9, 1000), (3, 4099), (6, 2053)):
+        for m, k in ((40, 64), (9, 1000), (3, 4099), (6, 2053), (5, 32771)):
             x = rng.standard_normal((m, k)).astype(dt)
             if m > 20:  # rows that take the slow path, in several of the short rows' groups
                 x[3] = 0
                 x[11, k // 2] = np.nan
                 x[20] = float(ml_dtypes.finfo(dt).tiny) * 4
-            elif m == 6:  # and among long rows, whose sums the streamed forward takes in blocks
+            elif m in (5, 6):  # and among long rows, whose sums the streamed passes take in blocks
                 x[1] = 0
                 x[2, k // 2] = np.nan
                 x[4] = float(ml_dtypes.finfo(dt).tiny) * 4

@@ -921,31 +921,48 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  * 0.93-0.96, 65536x1024 0.86-0.87 / 0.93-0.95, 262144x256 0.78-0.86 / 0.90-0.94; float64 8192x4096
  * 0.88-0.93 / 0.95-0.98, 65536x512 0.91-0.95 / 0.91-0.94 (bfloat16, staged, 1.00). */
 #define RMS_FUSE_BYTES(pass) (sizeof(T) >= 4 && (pass) != RMS_P_FWD ? 1024 : 512)
-/* The AVX-512 32- and 64-bit sums take blocks of 2 KiB, and are fused in the forward of rows of
- * 4 to 32 KiB and the add of rows of 4 to 8 KiB only. On a 2-core Intel Xeon (AVX512-BF16 and
- * -FP16, 2 MiB of L2 a core), against one row at a time at one / two threads, float32 forward
- * 65536x1024 0.86-0.88 / 0.85-0.87, 32768x2048 0.84 / 0.84, 16384x4096 0.89 / 0.89, but
- * 8192x8192 1.01 / 1.01, 4096x12288 1.02 / 1.02, 131072x512 1.01-1.04 / 0.97-1.05; add
- * 65536x1024 0.94 / 0.92, 32768x2048 1.00 / 0.96, 16384x4096 1.02 / 1.01, 8192x8192 1.04-1.05 /
- * 1.02-1.03; backward 65536x1024 1.11-1.16 / 1.01-1.09, 16384x4096 1.04 / 1.04, 8192x8192 0.98 /
- * 0.98. On the 16-core Xeon at 1 / 4 / 16 threads: forward 131072x1024 0.93 / 0.90 / 0.95,
- * 65536x2048 0.98 / 1.00 / 0.96, 32768x4096 1.01 / 1.03 / 1.01; add 131072x1024 0.98 / 1.02 /
- * 0.99, 65536x2048 1.00-1.06 / 1.05-1.06 / 0.99-1.02, float64 65536x1024 1.09 / 1.04 / 0.99. */
+/* Fused float32 backward rows of RMS_BWD_LONG bytes or more prefetch nothing (FN(fused_ahead)):
+ * a row ahead of such rows, with the row being summed, the row in its second pass and the dgamma
+ * row, overflows an L2 of 2 MiB, and the CPU's own prefetcher follows the sum's one stream. The
+ * AVX-512 kernels fuse those rows up to 256 KiB. On the 2-core Xeon, two builds alternating in one
+ * process, new time over old at one / two threads, the same bits: AVX-512 (one row, or a pair, at
+ * a time before) 256x65536 0.65-0.71 / 0.88-1.01, 1024x32768 0.90-0.92 / 0.93-0.97; AVX2 (fused,
+ * prefetching the row after next, before) 256x65536 0.77-0.82 / 0.76-0.82, 1024x32768 0.91-0.95
+ * / 0.91-1.01, 128x131072 0.87 / 0.88. AVX-512 rows of 32 to 64 KiB fused this way measured the
+ * same (8192x8192 1.00 / 1.00, 2048x16384 0.96 / 1.00), rows of 512 KiB slower (128x131072 1.07
+ * / 1.08), and with the prefetch, rows of 128 KiB slower (1024x32768 1.28 / 1.30); float64 rows
+ * slower (AVX-512, 512x16384 0.97 / 1.12, 128x65536 1.06 / 1.09). */
+#define RMS_BWD_LONG 131072u
+#define RMS_BWD_LONG_ROW(pass, rb) ((pass) == RMS_P_BWD && sizeof(T) == 4 && (rb) >= RMS_BWD_LONG)
+/* The AVX-512 32- and 64-bit sums take blocks of 2 KiB, and are fused in the forward of rows of 4
+ * to 32 KiB, the add of rows of 4 to 8 KiB and the float32 backward of rows of 128 to 256 KiB
+ * (RMS_BWD_LONG) only. On a 2-core Intel Xeon (AVX512-BF16 and -FP16, 2 MiB of L2 a core), against
+ * one row at a time at one / two threads, float32 forward 65536x1024 0.86-0.88 / 0.85-0.87,
+ * 32768x2048 0.84 / 0.84, 16384x4096 0.89 / 0.89, but 8192x8192 1.01 / 1.01, 4096x12288 1.02 /
+ * 1.02, 131072x512 1.01-1.04 / 0.97-1.05; add 65536x1024 0.94 / 0.92, 32768x2048 1.00 / 0.96,
+ * 16384x4096 1.02 / 1.01, 8192x8192 1.04-1.05 / 1.02-1.03; backward 65536x1024 1.11-1.16 /
+ * 1.01-1.09, 16384x4096 1.04 / 1.04, 8192x8192 0.98 / 0.98. On the 16-core Xeon at 1 / 4 / 16
+ * threads: forward 131072x1024 0.93 / 0.90 / 0.95, 65536x2048 0.98 / 1.00 / 0.96, 32768x4096 1.01
+ * / 1.03 / 1.01; add 131072x1024 0.98 / 1.02 / 0.99, 65536x2048 1.00-1.06 / 1.05-1.06 / 0.99-1.02,
+ * float64 65536x1024 1.09 / 1.04 / 0.99. */
 static inline int FN(fused)(size_t m, size_t k, int flags, const int nt, const int pass) {
     const size_t rb = k * sizeof(T);
     return nt && (sizeof(T) >= 4 || (flags & RMS_FUSE_16)) && m > 1 && rb >= RMS_FUSE_BYTES(pass) &&
-           (RMS_BLOCK * W * sizeof(T) <= 1024 ||
+           (RMS_BLOCK * W * sizeof(T) <= 1024 || (RMS_BWD_LONG_ROW(pass, rb) && rb <= 262144u) ||
             (pass != RMS_P_BWD && rb >= 4096 && rb < (pass == RMS_P_FWD ? 32768u : 8192u)));
 }
 
 /* How many rows ahead of the row in its second pass a fused loop prefetches: FN(ahead)'s distance
- * counted from the next row (which is being summed), or 0 where that is 0. Forward rows of 64 KiB
- * or more take none (float32 1024x32768 1.05-1.12 / 1.03-1.09 with it, float64 4096x8192 1.04 /
- * 1.01), nor do 16-bit forward rows under 4 KiB: bfloat16, bound by its arithmetic with AVX2,
- * measured slower with it (262144x256 1.06-1.07, 131072x512 1.03 at one and two threads). */
+ * counted from the next row (which is being summed), or 0 where that is 0. Long float32 backward
+ * rows take none (RMS_BWD_LONG), nor do forward rows of 64 KiB or more (float32 1024x32768
+ * 1.05-1.12 / 1.03-1.09 with it, float64 4096x8192 1.04 / 1.01), nor do 16-bit forward rows under
+ * 4 KiB: bfloat16, bound by its arithmetic with AVX2, measured slower with it (262144x256
+ * 1.06-1.07, 131072x512 1.03 at one and two threads). */
 static inline size_t FN(fused_ahead)(size_t k, const int pass, int flags) {
     size_t d = FN(ahead)(1, k, pass, flags);
     if (pass == RMS_P_FWD && (k * sizeof(T) >= 65536 || (sizeof(T) == 2 && k * sizeof(T) < 4096)))
+        return 0;
+    if (RMS_BWD_LONG_ROW(pass, k * sizeof(T)))
         return 0;
     return d ? d + 1 : 0;
 }

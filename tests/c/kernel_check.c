@@ -216,7 +216,7 @@ static void compare_storage_weights(const rms_isa_table *isa, int dt, size_t k) 
 
 int main(void) {
     static const size_t tails[] = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31,
-                                   33, 64, 100, 128, 1025, 4097};
+                                   33, 64, 100, 128, 1025, 4097, 32771};
     const rms_isa_table *isas[RMS_MAX_ISAS];
     rms_dispatch_init();
     int n = rms_isa_list(isas);
