@@ -51,7 +51,7 @@ static const rms_isa_table *available[RMS_MAX_ISAS];
 static rms_isa_table avx512; /* rms_isa_avx512, with native bfloat16 rounding where available */
 #endif
 static int n_available;
-static size_t pairs_aliased_min = 0;
+static size_t pairs_aliased_min = 0;         /* the shortest aliased rows paired, in bytes */
 static size_t single_min = 0, single_max = 0; /* 32- and 64-bit rows not paired: [min, max) */
 static int hw_prefetch = 0;
 static int fuse_16 = 0;
@@ -73,10 +73,9 @@ static int env_switch(const char *name, int dflt) {
     return s && strcmp(s, "1") == 0 ? 1 : s && strcmp(s, "0") == 0 ? 0 : dflt;
 }
 
-size_t rms_cpu_pairs_aliased_min(void) { return pairs_aliased_min; }
-
-int rms_cpu_pairs_len(size_t row_bytes, size_t es) {
-    return es < 4 || row_bytes < single_min || row_bytes >= single_max;
+int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased) {
+    return (!aliased || row_bytes >= pairs_aliased_min) &&
+           (es < 4 || row_bytes < single_min || row_bytes >= single_max);
 }
 
 int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
@@ -92,9 +91,9 @@ void rms_dispatch_init(void) {
     int amd_avx512 = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
     hw_prefetch = amd_avx512;
     fuse_16 = x86_vendor_is("AuthenticAMD");
-    if (!x86_vendor_is("GenuineIntel"))
+    if (!x86_vendor_is("GenuineIntel")) {
         pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
-    else {
+    } else {
         single_min = 32768;
         single_max = 131072;
     }

@@ -14,14 +14,12 @@ int rms_isa_list(const rms_isa_table *out[RMS_MAX_ISAS]);
 const rms_isa_table *rms_isa_find(const char *name);
 /* The table in use. Reads and writes are atomic, so calls in flight keep the table they read. */
 const rms_isa_table *rms_isa_current(void);
-/* The shortest rows, in bytes, that the backward pairs when they share their offsets within
- * 4 KiB pages (see rms_backward): any on Intel CPUs, where pairing measured faster, and on CPUs
- * other than x86; 32 KiB on AMD CPUs with AVX-512 (Zen 4 and later); none on other AMD CPUs. */
-size_t rms_cpu_pairs_aliased_min(void);
-/* Whether the backward may pair rows of row_bytes (elements of es bytes) on this CPU: not
- * 32- and 64-bit rows of 32 to 128 KiB on Intel CPUs, where one at a time measured faster (see
- * rms_backward); any other row. */
-int rms_cpu_pairs_len(size_t row_bytes, size_t es);
+/* Whether the backward may pair rows of row_bytes (elements of es bytes) on this CPU, `aliased`
+ * when consecutive rows share their offsets within 4 KiB pages (see rms_backward). Aliased rows
+ * pair on Intel CPUs, where pairing measured faster, and on CPUs other than x86; from 32 KiB on
+ * AMD CPUs with AVX-512 (Zen 4 and later); never on other AMD CPUs. On Intel CPUs, 32- and
+ * 64-bit rows of 32 to 128 KiB never pair: one at a time measured faster there. */
+int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased);
 /* Whether the kernels lean on the CPU's own prefetcher (RMS_HW_PREFETCH: short rows left to it,
  * longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512 (Zen 4 and
  * later), whatever kernel family runs on them. */

@@ -601,7 +601,7 @@ static int rows_alias(ptrdiff_t s, size_t es) {
 
 /* The backward pairs 32- and 64-bit rows, and long 16-bit rows on AVX-512, in kernels with 32
  * vector registers (RMS_ROW_PAIRS: see bwd_loop in rows_add_bwd.h), except where two rows of dy,
- * x or dx share their page offsets and are shorter than rms_cpu_pairs_aliased_min(). On an AMD
+ * x or dx share their page offsets and are shorter than rms_cpu_pairs() allows. On an AMD
  * EPYC (Zen 3), whose AVX2 kernels never pair, such rows measured slower in pairs (one
  * thread, float32, in pairs -> one at a time, ratio to a triad: 8192x4096 1.39 -> 0.99, 16384x1024
  * 1.72 -> 0.94, 2048x16384 2.12 -> 1.37), and so did rows that share no page offset. On an AMD
@@ -609,7 +609,7 @@ static int rows_alias(ptrdiff_t s, size_t es) {
  * rows of 32 KiB and more gained (8192x8192 1.12-1.27 -> 1.08-1.21, 4096x12288 1.47-1.54 ->
  * 1.32-1.40, 4096x16384 1.20-1.24 -> 1.19-1.21) and shorter ones lost (16384x4096 1.12-1.15 ->
  * 1.26-1.30, 65536x1024 1.20-1.27 -> 1.63-1.67). On Intel CPUs, 32- and 64-bit rows of 32 to
- * 128 KiB go one at a time (rms_cpu_pairs_len). A 2-core Xeon (AVX-512, 2 MiB of L2 a core), two
+ * 128 KiB go one at a time (rms_cpu_pairs). A 2-core Xeon (AVX-512, 2 MiB of L2 a core), two
  * choices alternating in one process, page-aligned arrays, time one at a time over in pairs at
  * one / two threads: float32 8192x8192 0.93-0.94 / 0.94, 4096x12288 0.92-0.95 / 0.94-0.97,
  * 2048x16384 0.97-0.98 / 0.97; float64 8192x4096 0.95 / 0.96, 4096x8192 0.96 / 0.95. Shorter
@@ -623,9 +623,8 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
     size_t total = a->m * a->k, cs = csize(a->dtype), es = rms_esize(a->dtype);
     int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
                 (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
-    if ((a->k * es >= rms_cpu_pairs_aliased_min() ||
-         !(rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es))) &&
-        rms_cpu_pairs_len(a->k * es, es))
+    if (rms_cpu_pairs(a->k * es, es,
+                      rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;
     if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW))
         flags |= RMS_STREAM;
