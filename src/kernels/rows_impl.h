@@ -921,18 +921,19 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  * 0.93-0.96, 65536x1024 0.86-0.87 / 0.93-0.95, 262144x256 0.78-0.86 / 0.90-0.94; float64 8192x4096
  * 0.88-0.93 / 0.95-0.98, 65536x512 0.91-0.95 / 0.91-0.94 (bfloat16, staged, 1.00). */
 #define RMS_FUSE_BYTES(pass) (sizeof(T) >= 4 && (pass) != RMS_P_FWD ? 1024 : 512)
-/* Fused float32 backward rows of RMS_BWD_LONG bytes or more prefetch nothing (FN(fused_ahead)):
- * a row ahead of such rows, with the row being summed, the row in its second pass and the dgamma
+/* Fused float32 backward rows of RMS_BWD_LONG bytes or more prefetch nothing (FN(fused_ahead)): a
+ * row ahead of such rows, with the row being summed, the row in its second pass and the dgamma
  * row, overflows an L2 of 2 MiB, and the CPU's own prefetcher follows the sum's one stream. The
- * AVX-512 kernels fuse those rows up to 256 KiB. On the 2-core Xeon, two builds alternating in one
- * process, new time over old at one / two threads, the same bits: AVX-512 (one row, or a pair, at
- * a time before) 256x65536 0.65-0.71 / 0.88-1.01, 1024x32768 0.90-0.92 / 0.93-0.97; AVX2 (fused,
- * prefetching the row after next, before) 256x65536 0.77-0.82 / 0.76-0.82, 1024x32768 0.91-0.95
- * / 0.91-1.01, 128x131072 0.87 / 0.88. AVX-512 rows of 32 to 64 KiB fused this way measured the
- * same (8192x8192 1.00 / 1.00, 2048x16384 0.96 / 1.00), rows of 512 KiB slower (128x131072 1.07
- * / 1.08), and with the prefetch, rows of 128 KiB slower (1024x32768 1.28 / 1.30); float64 rows
- * slower (AVX-512, 512x16384 0.97 / 1.12, 128x65536 1.06 / 1.09). */
+ * AVX-512 kernels fuse those rows up to 256 KiB (RMS_BWD_LONG_MAX). On the 2-core Xeon, two builds
+ * alternating in one process, new time over old at one / two threads, the same bits: AVX-512 (one
+ * row, or a pair, at a time before) 256x65536 0.65-0.71 / 0.88-1.01, 1024x32768 0.90-0.92 /
+ * 0.93-0.97; AVX2 (fused, prefetching the row after next, before) 256x65536 0.77-0.82 / 0.76-0.82,
+ * 1024x32768 0.91-0.95 / 0.91-1.01, 128x131072 0.87 / 0.88. AVX-512 rows of 32 to 64 KiB fused
+ * this way measured the same (8192x8192 1.00 / 1.00, 2048x16384 0.96 / 1.00), rows of 512 KiB
+ * slower (128x131072 1.07 / 1.08), and with the prefetch, rows of 128 KiB slower (1024x32768 1.28
+ * / 1.30); float64 rows slower (AVX-512, 512x16384 0.97 / 1.12, 128x65536 1.06 / 1.09). */
 #define RMS_BWD_LONG 131072u
+#define RMS_BWD_LONG_MAX 262144u
 #define RMS_BWD_LONG_ROW(pass, rb) ((pass) == RMS_P_BWD && sizeof(T) == 4 && (rb) >= RMS_BWD_LONG)
 /* The AVX-512 32- and 64-bit sums take blocks of 2 KiB, and are fused in the forward of rows of 4
  * to 32 KiB, the add of rows of 4 to 8 KiB and the float32 backward of rows of 128 to 256 KiB
@@ -948,7 +949,8 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
 static inline int FN(fused)(size_t m, size_t k, int flags, const int nt, const int pass) {
     const size_t rb = k * sizeof(T);
     return nt && (sizeof(T) >= 4 || (flags & RMS_FUSE_16)) && m > 1 && rb >= RMS_FUSE_BYTES(pass) &&
-           (RMS_BLOCK * W * sizeof(T) <= 1024 || (RMS_BWD_LONG_ROW(pass, rb) && rb <= 262144u) ||
+           (RMS_BLOCK * W * sizeof(T) <= 1024 ||
+            (RMS_BWD_LONG_ROW(pass, rb) && rb <= RMS_BWD_LONG_MAX) ||
             (pass != RMS_P_BWD && rb >= 4096 && rb < (pass == RMS_P_FWD ? 32768u : 8192u)));
 }
 
