@@ -55,6 +55,7 @@ static size_t pairs_aliased_min = 0;         /* the shortest aliased rows paired
 static size_t single_min = 0, single_max = 0; /* 32- and 64-bit rows not paired: [min, max) */
 static int hw_prefetch = 0;
 static int fuse_16 = 0;
+static int stream_edges = 0;
 static const rms_isa_table *current = &rms_isa_scalar;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -82,6 +83,8 @@ int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
 
 int rms_cpu_fuse_16(void) { return fuse_16; }
 
+int rms_cpu_stream_edges(void) { return stream_edges; }
+
 void rms_dispatch_init(void) {
     int n = 0;
 #if defined(__x86_64__) || defined(__i386__)
@@ -91,6 +94,7 @@ void rms_dispatch_init(void) {
     int amd_avx512 = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
     hw_prefetch = amd_avx512;
     fuse_16 = x86_vendor_is("AuthenticAMD");
+    stream_edges = x86_vendor_is("GenuineIntel");
     if (!x86_vendor_is("GenuineIntel")) {
         pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
     } else {
@@ -100,6 +104,7 @@ void rms_dispatch_init(void) {
 #endif
     hw_prefetch = env_switch("RMSNORM_HW_PREFETCH", hw_prefetch);
     fuse_16 = env_switch("RMSNORM_FUSE_16", fuse_16);
+    stream_edges = env_switch("RMSNORM_STREAM_EDGES", stream_edges);
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512()) {
         avx512 = rms_isa_avx512;

@@ -398,13 +398,31 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
  * float16 1M x 64 1.44 / 1.33). */
 #define RMS_STREAM_ROW 1024
 #define RMS_STREAM_ROW_FWD 512
+/* Where the kernels stream the partial lines of 32- and 64-bit rows too (RMS_NT_EDGES), those
+ * rows share no line between streaming and plain stores. On Intel CPUs (rms_cpu_stream_edges)
+ * they then stream as rows on lines do: the forward and the add at any length (edge_min 0),
+ * the backward from RMS_STREAM_ROW_EDGE_BWD bytes; elsewhere, not yet measured, the rule above
+ * stands. A 2-core Xeon (AVX-512), every array 16 bytes past a page as np.empty_like gives them,
+ * two builds alternating in one process, time with the partial lines streamed over before
+ * (stored plainly, and short rows not streamed), one / two threads: float32 forward 2M x 32
+ * 0.80 / 0.76, 262144x256 0.71, 65536x1024 0.83-0.89 / 0.90, add 1M x 64 0.46-0.47 / 0.47, 2M x
+ * 32 0.61 / 0.62, backward 524288x128 0.57-0.63 / 0.76-0.81, 262144x256 0.81-0.83 / 0.78;
+ * float64 forward 1M x 32, two threads, 0.61-0.62. Backward rows of 128 and 256 bytes lost at
+ * two threads (float32 2M x 32 1.47, 1M x 64 0.87-0.94 against 0.56-0.57 at one) and are not
+ * streamed. The float32 forward with a weight compiles rows of 64 and 128 elements as constants
+ * (RMS_KSW in rows_impl.h), and there the code of the streamed partial lines slowed the rows on
+ * lines that never store one (page-aligned 1M x 64, 1.06-1.22 of the time): those loops keep
+ * plain partial lines (FN(span)), so their rows keep the rule above (streamed from 512 bytes
+ * with plain partial lines, 1M x 64 at 1.29 of the time). */
+#define RMS_STREAM_ROW_EDGE_BWD 512
 static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes,
-                      size_t min_row) {
+                      size_t min_row, size_t edge_min) {
     if (bytes < stream_bytes)
         return 0;
     int lines = (uintptr_t)p % 64 == 0 && ((size_t)stride * es) % 64 == 0;
+    int edges = RMS_NT_EDGES && es >= 4 && rms_cpu_stream_edges();
     size_t lines_min = es >= 4 ? 0 : rms_isa_current()->stream_row_16;
-    return k * es >= min_row || (lines && k * es >= lines_min);
+    return k * es >= min_row || (lines && k * es >= lines_min) || (edges && k * es >= edge_min);
 }
 
 void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
@@ -416,8 +434,13 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
                 (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
-    if (streamable(a->y, a->ys, a->k, es, bytes, min_row) &&
-        (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row)))
+    /* the float32 forward's rows of 64 and 128 with a weight keep plain partial lines (RMS_KSW
+     * in rows_impl.h: see streamable) */
+    int kconst = es == 4 && !a->r && a->w && !(a->flags & RMS_CAST_BEFORE) &&
+                 (a->k == 64 || a->k == 128);
+    size_t edge_min = kconst ? (size_t)-1 : 0;
+    if (streamable(a->y, a->ys, a->k, es, bytes, min_row, edge_min) &&
+        (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row, edge_min)))
         flags |= RMS_STREAM;
     int nt = team_size(total, pool_threads(pool, nthreads));
     if (nt <= 1) {
@@ -626,7 +649,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
     if (rms_cpu_pairs(a->k * es, es,
                       rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;
-    if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW))
+    if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW, RMS_STREAM_ROW_EDGE_BWD))
         flags |= RMS_STREAM;
     if (a->m == 1) /* one row: dgamma = dy * xhat, stored, not accumulated */
         flags |= RMS_DG_STORE | (a->flags & RMS_DG_NARROW);

@@ -403,7 +403,8 @@ sys.stdout.buffer.write(np.concatenate(out).tobytes())
 
 def test_streaming_does_not_change_results():
     """RMSNORM_STREAM_BYTES=0 streams every output (whole cache lines non-temporally, the
-    partial lines of rows that start or end inside one plainly); a huge value streams none.
+    partial lines of rows that start or end inside one plainly, or for 32- and 64-bit rows on
+    x86-64 non-temporally in pieces of 16, 8 and 4 bytes); a huge value streams none.
     Every ISA, dtype, output offset and thread count must give the same bits either way, with
     rows that take the slow path (zero, NaN, squares that underflow) among the short rows, which
     the streamed float32 forward takes in groups, and among the long rows, whose sums the forward,

@@ -22,6 +22,16 @@ enum {
     RMS_FUSE_16 = 128     /* 16-bit rows are fused across rows too (FN(fused)) */
 };
 
+/* Whether the kernels store the partial cache lines at the ends of a streamed row of 32- or
+ * 64-bit elements non-temporally too (x86-64: rms_nt_bytes in rows_impl.h): rows that do not
+ * start on a line then stream with no plain store into a line that streaming stores also write
+ * (see streamable in driver.c). */
+#if defined(__x86_64__) && defined(__SSE2__)
+#define RMS_NT_EDGES 1
+#else
+#define RMS_NT_EDGES 0
+#endif
+
 /* A 2-D view: m rows of k contiguous elements, consecutive rows `stride` elements apart
  * (stride may be negative). Pointers are void so one table type serves every dtype; the
  * compute-type arrays (w, rstd, dgamma partials) are float for 16/32-bit and double for F64.

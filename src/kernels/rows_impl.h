@@ -55,8 +55,36 @@ enum { RMS_PF_L2, RMS_PF_L1, RMS_PF_L2_HALF };
 /* options of a row loop, switched once per call into constants: weight, round before the
  * weight, non-temporal stores, weight in the storage type */
 enum { RMS_O_W = 1, RMS_O_BEFORE = 2, RMS_O_NT = 4, RMS_O_WS = 8 };
-/* FN(put)'s nt for the partial lines at either end of a streamed span */
+/* FN(put)'s nt for the partial lines at either end of a streamed span: plain stores, or
+ * non-temporal pieces (RMS_EDGE_NT: see FN(span)) */
 #define RMS_EDGE 2
+#define RMS_EDGE_NT 3
+#if RMS_NT_EDGES
+#include <emmintrin.h>
+/* nb bytes from s to d (both multiples of 4, d aligned to 4), non-temporally, in the aligned
+ * pieces of 16, 8 and 4 bytes that d allows. */
+static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
+    while (nb) {
+        uintptr_t a = (uintptr_t)d;
+        size_t n = nb >= 16 && a % 16 == 0 ? 16 : nb >= 8 && a % 8 == 0 ? 8 : 4;
+        if (n == 16) {
+            _mm_stream_si128((__m128i *)(void *)d,
+                             _mm_loadu_si128((const __m128i *)(const void *)s));
+        } else if (n == 8) {
+            long long q;
+            memcpy(&q, s, 8);
+            _mm_stream_si64((long long *)(void *)d, q);
+        } else {
+            int q;
+            memcpy(&q, s, 4);
+            _mm_stream_si32((int *)(void *)d, q);
+        }
+        d += n;
+        s += n;
+        nb -= n;
+    }
+}
+#endif
 /* The hasw constant of the loops: 0 no weight, 1 compute-type weight, RMS_HW_S storage-type
  * weight (the same loops as 1 where the two types are one). */
 #define RMS_HW_S (sizeof(T) == sizeof(C) ? 1 : 2)
@@ -629,8 +657,20 @@ RMS_INLINE void FN(st_plain)(T *p, V v, size_t t) {
 #undef RMS_PIECE
 }
 
+/* t <= W elements of v at p through a buffer, non-temporally (rms_nt_bytes). */
+RMS_INLINE void FN(st_edge)(T *p, V v, size_t t) {
+#if RMS_NT_EDGES
+    T b[W] __attribute__((aligned(64)));
+    V_ST(b, v);
+    rms_nt_bytes((char *)p, (const char *)b, t * sizeof(T));
+#else
+    (void)p, (void)v, (void)t;
+#endif
+}
+
 /* Stores t elements of a span in mode nt: 0 plain; 1 streamed, a full vector non-temporally;
- * RMS_EDGE the partial lines at either end of a streamed span, plainly. Partial vectors of
+ * RMS_EDGE the partial lines at either end of a streamed span, plainly; RMS_EDGE_NT those lines
+ * in non-temporal pieces (FN(st_edge)). Partial vectors of
  * modes 1 and RMS_EDGE go through plain stores rather than a masked one: on an AMD EPYC
  * (Zen 4), masked stores into the lines beside streaming stores cost about a read from memory
  * each (float32 forward, one thread, output rows starting 16 bytes past a cache line, ratio to
@@ -638,6 +678,8 @@ RMS_INLINE void FN(st_plain)(T *p, V v, size_t t) {
 RMS_INLINE void FN(put)(T *y, V v, size_t t, const int nt) {
     if (nt == 1 && t == W)
         V_STNT(y, v);
+    else if (nt == RMS_EDGE_NT)
+        FN(st_edge)(y, v, t);
     else if (nt && t < W)
         FN(st_plain)(y, v, t);
     else
@@ -728,10 +770,14 @@ RMS_INLINE void FN(span_plain)(const FN(span_rows) *s, size_t i, size_t e, const
 }
 
 /* A span of n elements, prefetching the rows pa and pb in mode pm. When streamed (nt), the first
- * `head` elements precede the first whole cache line, and only whole lines are streamed: the
- * partial lines at either end take plain stores. A line written by both kinds of store cost up
- * to a hundred times a copy of it (bfloat16 forward 1M x 64, one thread, output rows starting
- * 48 bytes into a line: 68-73 -> 3.1-3.3 of a copy; 65536x1024 4.2-4.9 -> 1.3-1.4). The full
+ * `head` elements precede the first whole cache line, and only whole lines take vector streaming
+ * stores: the partial lines at either end take non-temporal pieces for 32- and 64-bit elements
+ * (RMS_EDGE_NT, whose pieces all start and end on 4 bytes, so that the line a row shares with
+ * the next takes only streaming stores), and plain stores for 16-bit ones, whose rows may end on
+ * 2 bytes, and in the loops compiled for a constant row length (see streamable in driver.c). A
+ * line written by both kinds of store cost up to a hundred times a copy of it (bfloat16 forward
+ * 1M x 64, one thread, output rows starting 48 bytes into a line: 68-73 -> 3.1-3.3 of a copy
+ * with plain partial lines; 65536x1024 4.2-4.9 -> 1.3-1.4). The full
  * vectors go in blocks (span_block), each computed before the block behind it is stored: a
  * load that follows a store to an address 4 KiB apart in its low 12 bits waits for that store,
  * so when the output lies up to about 128 bytes past the input modulo 4 KiB, as it does for
@@ -747,8 +793,12 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
     const size_t nb = FN(span_block)(kind, hasdg);
     V v[RMS_SPAN_BMAX][3], u[RMS_SPAN_BMAX][3];
     size_t i = 0, end = n;
+    /* the partial lines: streamed for 32- and 64-bit elements, except in the loops compiled for
+     * a constant row length (RMS_KSW), where their code slowed the rows that store none */
+    const int edge = RMS_NT_EDGES && sizeof(T) >= 4 && !__builtin_constant_p(n) ? RMS_EDGE_NT
+                                                                                  : RMS_EDGE;
     if (nt) { /* only whole lines are streamed */
-        FN(span_plain)(s, 0, head, pa, pb, pm, kind, hasw, before, hasdg, RMS_EDGE, 0);
+        FN(span_plain)(s, 0, head, pa, pb, pm, kind, hasw, before, hasdg, edge, 0);
         i = head;
         end = FN(stream_end)(head, n);
     }
@@ -773,7 +823,7 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
     /* fewer than nb full vectors (whole lines when streamed), then the partial ones */
     FN(span_plain)(s, i, end, pa, pb, pm, kind, hasw, before, hasdg, nt, nt);
     if (nt)
-        FN(span_plain)(s, end, n, pa, pb, pm, kind, hasw, before, hasdg, RMS_EDGE, 0);
+        FN(span_plain)(s, end, n, pa, pb, pm, kind, hasw, before, hasdg, edge, 0);
 }
 
 /* ---------------------------------------------------------------- forward */
