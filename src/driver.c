@@ -405,15 +405,15 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
  * stands. A 2-core Xeon (AVX-512), every array 16 bytes past a page as np.empty_like gives them,
  * two builds alternating in one process, time with the partial lines streamed over before
  * (stored plainly, and short rows not streamed), one / two threads: float32 forward 2M x 32
- * 0.80 / 0.76, 262144x256 0.71, 65536x1024 0.83-0.89 / 0.90, add 1M x 64 0.46-0.47 / 0.47, 2M x
- * 32 0.61 / 0.62, backward 524288x128 0.57-0.63 / 0.76-0.81, 262144x256 0.81-0.83 / 0.78;
- * float64 forward 1M x 32, two threads, 0.61-0.62. Backward rows of 128 and 256 bytes lost at
- * two threads (float32 2M x 32 1.47, 1M x 64 0.87-0.94 against 0.56-0.57 at one) and are not
- * streamed. The float32 forward with a weight compiles rows of 64 and 128 elements as constants
- * (RMS_KSW in rows_impl.h), and there the code of the streamed partial lines slowed the rows on
- * lines that never store one (page-aligned 1M x 64, 1.06-1.22 of the time): those loops keep
- * plain partial lines (FN(span)), so their rows keep the rule above (streamed from 512 bytes
- * with plain partial lines, 1M x 64 at 1.29 of the time). */
+ * 0.78-0.80 / 0.76, 262144x256 0.71 / 0.71, 65536x1024 0.83-0.89 / 0.90, add 1M x 64 0.46-0.47 /
+ * 0.47-0.49, 2M x 32 0.61 / 0.62, backward 524288x128 0.57-0.63 / 0.76-0.81, 262144x256
+ * 0.81-0.83 / 0.78; float64 forward 1M x 32 0.63 / 0.61-0.62. Backward rows of 128 and 256
+ * bytes lost at two threads (float32 2M x 32 1.47, 1M x 64 0.87-0.94 against 0.56-0.57 at one)
+ * and are not streamed. The float32 forward with a weight compiles rows of 64 and 128 elements
+ * as constants (RMS_KSW in rows_impl.h), and there the code of the streamed partial lines
+ * slowed the rows on lines that never store one (page-aligned 1M x 64, 1.06-1.22 of the time):
+ * those loops keep plain partial lines (FN(span)), and their rows the rule above (the rows of
+ * 64 streamed with plain partial lines measured 1.29 of the time). */
 #define RMS_STREAM_ROW_EDGE_BWD 512
 static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes,
                       size_t min_row, size_t edge_min) {
