@@ -434,10 +434,9 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
                 (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
-    /* the float32 forward's rows of 64 and 128 with a weight keep plain partial lines (RMS_KSW
-     * in rows_impl.h: see streamable) */
-    int kconst = es == 4 && !a->r && a->w && !(a->flags & RMS_CAST_BEFORE) &&
-                 (a->k == 64 || a->k == 128);
+    /* the float32 forward with a weight compiles rows of rms_ksw_k() lengths as constants
+     * (RMS_KSW's `on` in fwd_rows), and keeps plain partial lines there: see streamable */
+    int kconst = es == 4 && !a->r && a->w && !(a->flags & RMS_CAST_BEFORE) && rms_ksw_k(a->k);
     size_t edge_min = kconst ? (size_t)-1 : 0;
     if (streamable(a->y, a->ys, a->k, es, bytes, min_row, edge_min) &&
         (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row, edge_min)))

@@ -32,6 +32,13 @@ enum {
 #define RMS_NT_EDGES 0
 #endif
 
+/* The row lengths that row loops compile as constants (RMS_KSW in rows_impl.h). The driver
+ * needs them too: in those loops the float32 forward keeps plain partial lines (see streamable
+ * in driver.c). */
+#define RMS_KSW_K1 64
+#define RMS_KSW_K2 128
+static inline int rms_ksw_k(size_t k) { return k == RMS_KSW_K1 || k == RMS_KSW_K2; }
+
 /* A 2-D view: m rows of k contiguous elements, consecutive rows `stride` elements apart
  * (stride may be negative). Pointers are void so one table type serves every dtype; the
  * compute-type arrays (w, rstd, dgamma partials) are float for 16/32-bit and double for F64.

@@ -131,11 +131,11 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
  * float32 add and backward measured no faster (0.93 to 1.06), so they keep the one loop. */
 #define RMS_KSW(on, k, CALL)                                                                       \
     do {                                                                                           \
-        if ((on) && (k) == 64) {                                                                   \
-            const size_t KK = 64;                                                                  \
+        if ((on) && (k) == RMS_KSW_K1) {                                                           \
+            const size_t KK = RMS_KSW_K1;                                                          \
             CALL;                                                                                  \
-        } else if ((on) && (k) == 128) {                                                           \
-            const size_t KK = 128;                                                                 \
+        } else if ((on) && (k) == RMS_KSW_K2) {                                                    \
+            const size_t KK = RMS_KSW_K2;                                                          \
             CALL;                                                                                  \
         } else {                                                                                   \
             const size_t KK = (k);                                                                 \
