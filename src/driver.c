@@ -413,15 +413,35 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
  * as constants (RMS_KSW in rows_impl.h), and there the code of the streamed partial lines
  * slowed the rows on lines that never store one (page-aligned 1M x 64, 1.06-1.22 of the time):
  * those loops keep plain partial lines (FN(span)), and their rows the rule above (the rows of
- * 64 streamed with plain partial lines measured 1.29 of the time). */
+ * 64 streamed with plain partial lines measured 1.29 of the time), as do the 16-bit forward's
+ * and add's with a weight (RMS_KSW there too).
+ * 16-bit rows may start or end on 2 bytes, where no non-temporal piece fits: they take the
+ * pieces where they start and end on 4 bytes (FN(edge_nt), through a call: FN(span_edge_nt)),
+ * and stream by this rule only when every row of the output does, from RMS_STREAM_ROW_EDGE_16
+ * bytes (bfloat16 forward 1M x 64 without a weight lost, 1.18-1.19 of the time, and 700000x96
+ * gained nothing, 1.00). The same 2-core Xeon, every array 16 bytes past a page, new over old,
+ * one / two threads: bfloat16 forward 262144x256 0.74-0.78 / 0.66-0.77, 131072x512 0.71 /
+ * 0.73-0.74; add 262144x256 0.55-0.58 / 0.54-0.58, 131072x512 0.77 / 0.77-0.79; backward
+ * 262144x256 0.60-0.81 / 0.77-0.92, 131072x512 0.69 / 0.76, 65536x1024 0.86 / 0.85; float16
+ * forward 262144x256 0.68 / 0.69, 524288x128 without a weight 0.76 / 0.78, add 262144x256 0.63 /
+ * 0.62, backward 131072x512 0.69-0.85 / 0.76-0.84. Outputs on lines measured the same within
+ * 0.02. */
 #define RMS_STREAM_ROW_EDGE_BWD 512
+#define RMS_STREAM_ROW_EDGE_16 256
 static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes,
                       size_t min_row, size_t edge_min) {
     if (bytes < stream_bytes)
         return 0;
     int lines = (uintptr_t)p % 64 == 0 && ((size_t)stride * es) % 64 == 0;
-    int edges = RMS_NT_EDGES && es >= 4 && rms_cpu_stream_edges();
     size_t lines_min = es >= 4 ? 0 : rms_isa_current()->stream_row_16;
+    /* 16-bit rows: where every row starts and ends on 4 bytes (FN(edge_nt)), and from
+     * RMS_STREAM_ROW_EDGE_16 bytes or the rows on lines' minimum, whichever is more */
+    int edges = RMS_NT_EDGES && rms_cpu_stream_edges() &&
+                (es >= 4 || ((uintptr_t)p | (size_t)stride * es | k * es) % 4 == 0);
+    if (es < 4 && edge_min < RMS_STREAM_ROW_EDGE_16)
+        edge_min = RMS_STREAM_ROW_EDGE_16;
+    if (edge_min < lines_min)
+        edge_min = lines_min;
     return k * es >= min_row || (lines && k * es >= lines_min) || (edges && k * es >= edge_min);
 }
 
@@ -434,9 +454,11 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
                 (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
-    /* the float32 forward with a weight compiles rows of rms_ksw_k() lengths as constants
-     * (RMS_KSW's `on` in fwd_rows), and keeps plain partial lines there: see streamable */
-    int kconst = es == 4 && !a->r && a->w && !(a->flags & RMS_CAST_BEFORE) && rms_ksw_k(a->k);
+    /* the 16- and 32-bit forward and the 16-bit add with a weight compile rows of rms_ksw_k()
+     * lengths as constants (RMS_KSW's `on` in fwd_rows and add_rows), and keep plain partial
+     * lines there: see streamable */
+    int kconst = a->w && !(a->flags & RMS_CAST_BEFORE) && rms_ksw_k(a->k) &&
+                 (es == 2 || (es == 4 && !a->r));
     size_t edge_min = kconst ? (size_t)-1 : 0;
     if (streamable(a->y, a->ys, a->k, es, bytes, min_row, edge_min) &&
         (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row, edge_min)))

@@ -383,7 +383,7 @@ for isa in rmsnorm.available_isas():
                 x[4] = float(ml_dtypes.finfo(dt).tiny) * 4
             r = rng.standard_normal((m, k)).astype(dt)
             g = rng.uniform(0.5, 1.5, k).astype(dt)
-            for shift in (0, 1, 3, 8):
+            for shift in (0, 1, 2, 3, 8):
                 for t in (1, 2):
                     rmsnorm.set_num_threads(t)
                     y, rstd = rmsnorm.rms_norm(x, g, out=at(x.shape, dt, shift))
@@ -403,8 +403,10 @@ sys.stdout.buffer.write(np.concatenate(out).tobytes())
 
 def test_streaming_does_not_change_results():
     """RMSNORM_STREAM_BYTES=0 streams every output (whole cache lines non-temporally, the
-    partial lines of rows that start or end inside one plainly, or for 32- and 64-bit rows on
-    x86-64 non-temporally in pieces of 16, 8 and 4 bytes); a huge value streams none.
+    partial lines of rows that start or end inside one plainly, or on x86-64 non-temporally in
+    pieces of 16, 8 and 4 bytes where the row starts and ends on 4 bytes: every 32- and 64-bit
+    row, and the 16-bit rows here of even length shifted 0, 2 or 8 elements); a huge value
+    streams none.
     Every ISA, dtype, output offset and thread count must give the same bits either way, with
     rows that take the slow path (zero, NaN, squares that underflow) among the short rows, which
     the streamed float32 forward takes in groups, and among the long rows, whose sums the forward,

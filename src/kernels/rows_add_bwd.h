@@ -94,13 +94,28 @@ static double FN(add_stage)(const void *x, const void *r, void *h, size_t n) {
     return A_SUM(FN(stage_row)((const T *)x, (const T *)r, (T *)h, n, NULL, NULL));
 }
 
+/* n elements of s at h: non-temporally in pieces when `pieces` (see FN(edge_nt)), else plainly. */
+static inline void FN(copy_edge)(T *h, const T *s, size_t n, int pieces) {
+#if RMS_NT_EDGES
+    if (pieces) {
+        rms_nt_bytes((char *)h, (const char *)s, n * sizeof(T));
+        return;
+    }
+#endif
+    (void)pieces;
+    memcpy(h, s, n * sizeof(T));
+}
+
 /* Copies n elements of s into h, the full vectors from `head` on non-temporally when nt (V_CPNT:
- * V_STB bytes), prefetching the row pf (if any). */
+ * V_STB bytes), and the partial lines at either end too where they fall on 4 bytes, as FN(span)
+ * stores them; prefetching the row pf (if any). */
 RMS_INLINE void FN(copy_span)(const T *s, T *h, size_t n, size_t head, const T *pf,
                               const int nt) {
     size_t i = 0, end = n;
+    int pieces = 0;
     if (nt) {
-        memcpy(h, s, head * sizeof(T));
+        pieces = RMS_NT_EDGES && FN(edge_nt)(h, 0, n);
+        FN(copy_edge)(h, s, head, pieces);
         i = head;
         end = FN(stream_end)(head, n);
     }
@@ -114,7 +129,7 @@ RMS_INLINE void FN(copy_span)(const T *s, T *h, size_t n, size_t head, const T *
             memcpy(h + i, s + i, 2 * W * sizeof(T));
         }
     }
-    memcpy(h + i, s + i, (n - i) * sizeof(T));
+    FN(copy_edge)(h + i, s + i, n - i, pieces);
 }
 
 /* The second pass of a staged row (stage s, rstd rs): y from s as the forward scales x, then

@@ -755,26 +755,70 @@ RMS_INLINE size_t FN(span_block)(const int kind, const int hasdg) {
     return b < 1 ? 1 : b > RMS_SPAN_BMAX ? RMS_SPAN_BMAX : b;
 }
 
+/* The t elements at offset i of a span: prefetched, computed into v and stored in mode nt. */
+RMS_INLINE void FN(span_vec)(const FN(span_rows) *s, size_t i, size_t t, const T *pa,
+                             const T *pb, int pm, const int kind, const int hasw,
+                             const int before, const int hasdg, const int nt, V *v) {
+    FN(span_pf)(s, pa, pb, i, pm, kind);
+    FN(span_val)(s, i, t, kind, hasw, before, hasdg, v);
+    FN(span_put)(s, i, t, kind, hasdg, nt, v);
+}
+
 /* Elements [i, e) of a span, a vector at a time up to a partial last one (none when `full`),
  * stored in mode nt (see put), prefetching as FN(span) does. */
 RMS_INLINE void FN(span_plain)(const FN(span_rows) *s, size_t i, size_t e, const T *pa,
                                const T *pb, int pm, const int kind, const int hasw,
                                const int before, const int hasdg, const int nt, const int full) {
     for (; i < e; i += W) {
-        size_t t = full || e - i >= W ? W : e - i;
         V v[3];
-        FN(span_pf)(s, pa, pb, i, pm, kind);
-        FN(span_val)(s, i, t, kind, hasw, before, hasdg, v);
-        FN(span_put)(s, i, t, kind, hasdg, nt, v);
+        FN(span_vec)(s, i, full || e - i >= W ? W : e - i, pa, pb, pm, kind, hasw, before, hasdg,
+                     nt, v);
     }
+}
+
+/* Whether the partial lines of a streamed output row o of n elements (and of the row os after
+ * it, for a pair; else os is 0) take non-temporal pieces (see FN(span)): 32- and 64-bit rows
+ * always; 16-bit rows when their ends fall on 4 bytes, where every piece fits. */
+static inline int FN(edge_nt)(const T *o, ptrdiff_t os, size_t n) {
+    return sizeof(T) >= 4 || ((uintptr_t)o | (uintptr_t)os * sizeof(T) | n * sizeof(T)) % 4 == 0;
+}
+
+/* FN(span_plain) of a 16-bit row's partial line in non-temporal pieces, out of line: inlined
+ * beside the plain stores' loop, it changed the code of the row loops around it, and page-aligned
+ * rows, which store no partial line, ran slower (bfloat16 forward 262144x256, one thread, 1.03
+ * to 1.08 of the time). */
+__attribute__((noinline)) static void FN(span_edge_nt)(const FN(span_rows) *s, size_t i,
+                                                       size_t e, const T *pa, const T *pb, int pm,
+                                                       const int kind, const int hasw,
+                                                       const int before, const int hasdg) {
+    for (; i < e; i += W) { /* v zeroed: kind may not be a constant here */
+        V v[3] = {V_SET((C)0), V_SET((C)0), V_SET((C)0)};
+        FN(span_vec)(s, i, e - i >= W ? W : e - i, pa, pb, pm, kind, hasw, before, hasdg,
+                     RMS_EDGE_NT, v);
+    }
+}
+
+/* The partial line [i, e) of a streamed span of n elements: in non-temporal pieces where
+ * `pieces` (a constant) and FN(edge_nt) allow, else plainly. */
+RMS_INLINE void FN(span_edge)(const FN(span_rows) *s, size_t i, size_t e, size_t n, const T *pa,
+                              const T *pb, int pm, const int kind, const int hasw,
+                              const int before, const int hasdg, const int pieces) {
+    if (sizeof(T) >= 4 || !pieces)
+        FN(span_plain)(s, i, e, pa, pb, pm, kind, hasw, before, hasdg,
+                       pieces ? RMS_EDGE_NT : RMS_EDGE, 0);
+    else if (FN(edge_nt)(s->o, kind == RMS_S_PAIR ? s->os : 0, n))
+        FN(span_edge_nt)(s, i, e, pa, pb, pm, kind, hasw, before, hasdg);
+    else
+        FN(span_plain)(s, i, e, pa, pb, pm, kind, hasw, before, hasdg, RMS_EDGE, 0);
 }
 
 /* A span of n elements, prefetching the rows pa and pb in mode pm. When streamed (nt), the first
  * `head` elements precede the first whole cache line, and only whole lines take vector streaming
- * stores: the partial lines at either end take non-temporal pieces for 32- and 64-bit elements
- * (RMS_EDGE_NT, whose pieces all start and end on 4 bytes, so that the line a row shares with
- * the next takes only streaming stores), and plain stores for 16-bit ones, whose rows may end on
- * 2 bytes, and in the loops compiled for a constant row length (see streamable in driver.c). A
+ * stores: the partial lines at either end take non-temporal pieces where they start and end on
+ * 4 bytes (RMS_EDGE_NT, FN(edge_nt): every 32- and 64-bit row, 16-bit rows on 4 bytes), so that
+ * the line a row shares with the next takes only streaming stores, and plain stores otherwise
+ * (16-bit rows that start or end on 2 bytes), and in the loops compiled for a constant row
+ * length (see streamable in driver.c). A
  * line written by both kinds of store cost up to a hundred times a copy of it (bfloat16 forward
  * 1M x 64, one thread, output rows starting 48 bytes into a line: 68-73 -> 3.1-3.3 of a copy
  * with plain partial lines; 65536x1024 4.2-4.9 -> 1.3-1.4). The full
@@ -793,12 +837,12 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
     const size_t nb = FN(span_block)(kind, hasdg);
     V v[RMS_SPAN_BMAX][3], u[RMS_SPAN_BMAX][3];
     size_t i = 0, end = n;
-    /* the partial lines: streamed for 32- and 64-bit elements, except in the loops compiled for
-     * a constant row length (RMS_KSW), where their code slowed the rows that store none */
-    const int edge = RMS_NT_EDGES && sizeof(T) >= 4 && !__builtin_constant_p(n) ? RMS_EDGE_NT
-                                                                                  : RMS_EDGE;
+    /* the partial lines: in pieces (FN(edge_nt)), except in the loops compiled for a constant
+     * row length (RMS_KSW), where their code slowed the rows that store none */
+    const int pieces = RMS_NT_EDGES && !__builtin_constant_p(n);
     if (nt) { /* only whole lines are streamed */
-        FN(span_plain)(s, 0, head, pa, pb, pm, kind, hasw, before, hasdg, edge, 0);
+        if (head)
+            FN(span_edge)(s, 0, head, n, pa, pb, pm, kind, hasw, before, hasdg, pieces);
         i = head;
         end = FN(stream_end)(head, n);
     }
@@ -822,8 +866,8 @@ RMS_INLINE void FN(span)(const FN(span_rows) *s, size_t n, size_t head, const T 
         FN(span_block_put)(s, i - nb * W, nb, kind, hasdg, nt, v);
     /* fewer than nb full vectors (whole lines when streamed), then the partial ones */
     FN(span_plain)(s, i, end, pa, pb, pm, kind, hasw, before, hasdg, nt, nt);
-    if (nt)
-        FN(span_plain)(s, end, n, pa, pb, pm, kind, hasw, before, hasdg, edge, 0);
+    if (nt && end < n)
+        FN(span_edge)(s, end, n, n, pa, pb, pm, kind, hasw, before, hasdg, pieces);
 }
 
 /* ---------------------------------------------------------------- forward */
