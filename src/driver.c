@@ -411,10 +411,14 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
  * bytes lost at two threads (float32 2M x 32 1.47, 1M x 64 0.87-0.94 against 0.56-0.57 at one)
  * and are not streamed. The float32 forward with a weight compiles rows of 64 and 128 elements
  * as constants (RMS_KSW in rows_impl.h), and there the code of the streamed partial lines
- * slowed the rows on lines that never store one (page-aligned 1M x 64, 1.06-1.22 of the time):
- * those loops keep plain partial lines (FN(span)), and their rows the rule above (the rows of
- * 64 streamed with plain partial lines measured 1.29 of the time), as do the 16-bit forward's
- * and add's with a weight (RMS_KSW there too).
+ * slowed the rows on lines that never store one (page-aligned 1M x 64, 1.06-1.22 of the time;
+ * through a call, as 16-bit rows below, 1.07, and 524288x128 1.15): those loops keep plain
+ * partial lines (FN(span)), as do the 16-bit forward's and add's with a weight (RMS_KSW there
+ * too), and outputs whose rows do not start on lines take the general loop instead when they
+ * stream by this rule (RMS_ANY_K, rms_forward). Into empty_like, new over old at one / two
+ * threads: float32 forward 1M x 64 0.66-0.69 / 0.68-0.69, 524288x128 0.75-0.85 / 0.77-0.80;
+ * bfloat16 forward 524288x128 0.89-0.90 / 0.90-0.92, add 0.76-0.82 / 0.76-0.79; float16
+ * forward 0.83-0.87. Rows on lines, which keep the constant-length loops, the same within 0.01.
  * 16-bit rows may start or end on 2 bytes, where no non-temporal piece fits: they take the
  * pieces where they start and end on 4 bytes (FN(edge_nt), through a call: FN(span_edge_nt)),
  * and stream by this rule only when every row of the output does, from RMS_STREAM_ROW_EDGE_16
@@ -428,11 +432,14 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
  * 0.02. */
 #define RMS_STREAM_ROW_EDGE_BWD 512
 #define RMS_STREAM_ROW_EDGE_16 256
+static int on_lines(const void *p, ptrdiff_t stride, size_t es) {
+    return (uintptr_t)p % 64 == 0 && ((size_t)stride * es) % 64 == 0;
+}
 static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes,
                       size_t min_row, size_t edge_min) {
     if (bytes < stream_bytes)
         return 0;
-    int lines = (uintptr_t)p % 64 == 0 && ((size_t)stride * es) % 64 == 0;
+    int lines = on_lines(p, stride, es);
     size_t lines_min = es >= 4 ? 0 : rms_isa_current()->stream_row_16;
     /* 16-bit rows: where every row starts and ends on 4 bytes (FN(edge_nt)), and from
      * RMS_STREAM_ROW_EDGE_16 bytes or the rows on lines' minimum, whichever is more */
@@ -454,15 +461,20 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
                 (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
-    /* the 16- and 32-bit forward and the 16-bit add with a weight compile rows of rms_ksw_k()
-     * lengths as constants (RMS_KSW's `on` in fwd_rows and add_rows), and keep plain partial
-     * lines there: see streamable */
-    int kconst = a->w && !(a->flags & RMS_CAST_BEFORE) && rms_ksw_k(a->k) &&
-                 (es == 2 || (es == 4 && !a->r));
-    size_t edge_min = kconst ? (size_t)-1 : 0;
-    if (streamable(a->y, a->ys, a->k, es, bytes, min_row, edge_min) &&
-        (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row, edge_min)))
+    if (streamable(a->y, a->ys, a->k, es, bytes, min_row, 0) &&
+        (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row, 0))) {
         flags |= RMS_STREAM;
+        /* the 16- and 32-bit forward and the 16-bit add with a weight (cast at the end)
+         * compile rows of rms_ksw_k() lengths as constants (RMS_KSW's `on` in fwd_rows and
+         * add_rows), where the partial lines stay plain: outputs whose rows do not start on
+         * lines, streamed by the partial lines' rule, take the general loop instead (see
+         * streamable) */
+        int kconst = a->w && !(a->flags & RMS_CAST_BEFORE) && rms_ksw_k(a->k) &&
+                     (es == 2 || (es == 4 && !a->r));
+        if (kconst && RMS_NT_EDGES && rms_cpu_stream_edges() &&
+            !(on_lines(a->y, a->ys, es) && (!a->r || on_lines(a->h, a->hs, es))))
+            flags |= RMS_ANY_K;
+    }
     int nt = team_size(total, pool_threads(pool, nthreads));
     if (nt <= 1) {
         fwd_rows(kt, a, 0, a->m, flags, es, csize(a->dtype));

@@ -19,7 +19,9 @@ enum {
     RMS_HW_PREFETCH = 32, /* lean on the hardware prefetcher (FN(ahead), FN(near), FN(pf_mode)) */
     RMS_DG_NARROW = 64,   /* backward, one row of a 16-bit type (with RMS_DG_STORE): dgamma is
                            * that type, each term rounded to it as it is stored */
-    RMS_FUSE_16 = 128     /* 16-bit rows are fused across rows too (FN(fused)) */
+    RMS_FUSE_16 = 128,    /* 16-bit rows are fused across rows too (FN(fused)) */
+    RMS_ANY_K = 256       /* forward and add: rows of the lengths that loops compile as
+                           * constants (RMS_KSW_K1, RMS_KSW_K2) take the general loop */
 };
 
 /* Whether the kernels store the partial cache lines at the ends of a streamed row of 32- or

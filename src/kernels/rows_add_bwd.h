@@ -295,11 +295,33 @@ static void FN(add_fused_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdi
 #undef RMS_X
 }
 
+/* 16-bit rows of the constant lengths with a weight cast at the end through the general loop
+ * (RMS_ANY_K), as fwd_rows_any. */
+__attribute__((noinline)) static void FN(add_rows_any)(const void *x, ptrdiff_t xs, const void *r,
+                                                       ptrdiff_t rs, void *h, ptrdiff_t hs,
+                                                       void *y, ptrdiff_t ys, const void *w,
+                                                       void *rstd, size_t m, size_t k, double eps,
+                                                       int flags) {
+    if (flags & RMS_W_STORAGE)
+        FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m,
+                     k, eps, flags, RMS_HW_S, 0, RMS_NT_ON);
+    else
+        FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m,
+                     k, eps, flags, 1, 0, RMS_NT_ON);
+    if (flags & RMS_STREAM)
+        V_FENCE();
+}
+
 static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
                          ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd,
                          size_t m, size_t k, double eps, int flags) {
     if (sizeof(T) >= 4 && FN(fused)(m, k, flags, (flags & RMS_STREAM) && RMS_NT_ON, RMS_P_ADD)) {
         FN(add_fused_rows)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags);
+        return;
+    }
+    if (sizeof(T) == 2 && (flags & RMS_ANY_K) && (flags & RMS_STREAM) && w &&
+        !(flags & RMS_CAST_BEFORE)) {
+        FN(add_rows_any)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);

@@ -1174,10 +1174,33 @@ static void FN(fwd_fused_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t y
         FN(fwd_fused_opts)(x, xs, y, ys, w, rstd, m, k, eps, flags, 0);
 }
 
+/* Rows of the constant lengths with a weight cast at the end, through the general loop
+ * (RMS_ANY_K: see the driver), in a function of their own: a test of the flag among the
+ * constant-length loops changed those loops' code, and rows on lines ran slower (float32
+ * 1M x 64, 1.02-1.03 of the time). */
+__attribute__((noinline)) static void FN(fwd_rows_any)(const void *x, ptrdiff_t xs, void *y,
+                                                       ptrdiff_t ys, const void *w, void *rstd,
+                                                       size_t m, size_t k, double eps,
+                                                       int flags) {
+    if (flags & RMS_W_STORAGE)
+        FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, RMS_HW_S, 0,
+                     RMS_NT_ON);
+    else
+        FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, 1, 0,
+                     RMS_NT_ON);
+    if (flags & RMS_STREAM)
+        V_FENCE();
+}
+
 static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, const void *w,
                          void *rstd, size_t m, size_t k, double eps, int flags) {
     if (FN(fused)(m, k, flags, (flags & RMS_STREAM) && RMS_NT_ON, RMS_P_FWD)) {
         FN(fwd_fused_rows)(x, xs, y, ys, w, rstd, m, k, eps, flags);
+        return;
+    }
+    if (sizeof(T) <= 4 && (flags & RMS_ANY_K) && (flags & RMS_STREAM) && w &&
+        !(flags & RMS_CAST_BEFORE)) {
+        FN(fwd_rows_any)(x, xs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);

@@ -119,8 +119,9 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
     fill(w, k, dt == RMS_F64 ? RMS_F64 : RMS_F32, 1.0);
     /* every option that changes a loop: the cast before the weight, non-temporal stores (rows
      * of stride k + 3 start at every alignment, so the streaming heads are exercised too), the
-     * prefetch left to the hardware, and 16-bit rows fused across rows (streamed only) */
-    const int opts = RMS_CAST_BEFORE | RMS_STREAM | RMS_HW_PREFETCH | RMS_FUSE_16;
+     * prefetch left to the hardware, 16-bit rows fused across rows (streamed only), and rows of
+     * the constant lengths through the general loop */
+    const int opts = RMS_CAST_BEFORE | RMS_STREAM | RMS_HW_PREFETCH | RMS_FUSE_16 | RMS_ANY_K;
     for (int flags = 0; flags <= opts; flags++) {
         if ((flags & ~opts) || ((flags & RMS_FUSE_16) && !(flags & RMS_STREAM)))
             continue;
