@@ -405,8 +405,9 @@ def test_streaming_does_not_change_results():
     """RMSNORM_STREAM_BYTES=0 streams every output (whole cache lines non-temporally, the
     partial lines of rows that start or end inside one plainly, or on x86-64 non-temporally in
     pieces of 16, 8 and 4 bytes where the row starts and ends on 4 bytes: every 32- and 64-bit
-    row, and the 16-bit rows here of even length shifted 0, 2 or 8 elements); a huge value
-    streams none.
+    row, and the 16-bit rows here of even length shifted 0, 2 or 8 elements; the float32 rows of
+    64 with a weight, shifted off lines, then take the general loop rather than the one compiled
+    for their length); a huge value streams none.
     Every ISA, dtype, output offset and thread count must give the same bits either way, with
     rows that take the slow path (zero, NaN, squares that underflow) among the short rows, which
     the streamed float32 forward takes in groups, and among the long rows, whose sums the forward,
