@@ -28,8 +28,9 @@ int rms_cpu_hw_prefetch(void);
  * (RMS_FUSE_16): on AMD CPUs, where it measured faster (Zen 3, AVX2); an Intel Xeon running the
  * AVX2 kernels measured slower. */
 int rms_cpu_fuse_16(void);
-/* Whether outputs of 32- or 64-bit rows that do not start on cache lines stream as rows on
- * lines do (the kernels stream their partial lines in pieces: RMS_NT_EDGES): on Intel CPUs,
+/* Whether outputs whose rows do not start on cache lines stream as rows on lines do (the
+ * kernels stream their partial lines in pieces: RMS_NT_EDGES; 16-bit rows only where they start
+ * and end on 4 bytes): on Intel CPUs,
  * where it measured faster (see streamable in driver.c). RMSNORM_STREAM_EDGES=0 / 1 sets it. */
 int rms_cpu_stream_edges(void);
 void rms_isa_select(const rms_isa_table *t);

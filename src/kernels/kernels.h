@@ -24,10 +24,10 @@ enum {
                            * constants (RMS_KSW_K1, RMS_KSW_K2) take the general loop */
 };
 
-/* Whether the kernels store the partial cache lines at the ends of a streamed row of 32- or
- * 64-bit elements non-temporally too (x86-64: rms_nt_bytes in rows_impl.h): rows that do not
- * start on a line then stream with no plain store into a line that streaming stores also write
- * (see streamable in driver.c). */
+/* Whether the kernels store the partial cache lines at the ends of a streamed row non-temporally
+ * too (x86-64: rms_nt_bytes in rows_impl.h; every 32- and 64-bit row, 16-bit rows that start and
+ * end on 4 bytes): rows that do not start on a line then stream with no plain store into a line
+ * that streaming stores also write (see streamable in driver.c). */
 #if defined(__x86_64__) && defined(__SSE2__)
 #define RMS_NT_EDGES 1
 #else
@@ -35,8 +35,8 @@ enum {
 #endif
 
 /* The row lengths that row loops compile as constants (RMS_KSW in rows_impl.h). The driver
- * needs them too: in those loops the float32 forward keeps plain partial lines (see streamable
- * in driver.c). */
+ * needs them too: those loops keep plain partial lines, and it sends such rows whose outputs do
+ * not start on lines through the general loop instead (RMS_ANY_K, rms_forward in driver.c). */
 #define RMS_KSW_K1 64
 #define RMS_KSW_K2 128
 static inline int rms_ksw_k(size_t k) { return k == RMS_KSW_K1 || k == RMS_KSW_K2; }
