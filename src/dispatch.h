@@ -24,10 +24,12 @@ int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased);
  * longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512 (Zen 4 and
  * later), whatever kernel family runs on them. */
 int rms_cpu_hw_prefetch(void);
-/* Whether the forward fuses 16-bit rows across rows as it does 32- and 64-bit ones
- * (RMS_FUSE_16): on AMD CPUs, where it measured faster (Zen 3, AVX2); an Intel Xeon running the
- * AVX2 kernels measured slower. */
-int rms_cpu_fuse_16(void);
+/* The shortest 16-bit rows, in bytes, that the forward (backward = 0) or the backward (1) fuses
+ * across rows as it does 32- and 64-bit ones (RMS_FUSE_16; the kernels fuse none under 512
+ * bytes), or SIZE_MAX for none. On AMD CPUs both passes fuse, where it measured faster (Zen 3,
+ * AVX2). On other CPUs the forward does not (an Intel Xeon measured it slower) and the backward
+ * fuses rows of RMS_FUSE_16_BWD bytes or more (see dispatch.c). */
+size_t rms_cpu_fuse_16(int backward);
 /* Whether outputs whose rows do not start on cache lines stream as rows on lines do (the
  * kernels stream their partial lines in pieces: RMS_NT_EDGES; 16-bit rows only where they start
  * and end on 4 bytes): on Intel CPUs,

@@ -458,7 +458,7 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
     if (total == 0)
         return;
     int flags = a->flags | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
-                (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
+                (a->k * es >= rms_cpu_fuse_16(0) ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
     if (streamable(a->y, a->ys, a->k, es, bytes, min_row, 0) &&
@@ -678,7 +678,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, cs = csize(a->dtype), es = rms_esize(a->dtype);
     int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
-                (rms_cpu_fuse_16() ? RMS_FUSE_16 : 0);
+                (a->k * es >= rms_cpu_fuse_16(1) ? RMS_FUSE_16 : 0);
     if (rms_cpu_pairs(a->k * es, es,
                       rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;

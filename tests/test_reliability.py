@@ -358,7 +358,8 @@ def test_prefetch_choice_does_not_change_results():
 
 STREAM_PROBE = """
 import os
-os.environ["RMSNORM_FUSE_16"] = "1"  # 16-bit rows fused as on AMD CPUs, on every CPU
+os.environ.setdefault("RMSNORM_FUSE_16", "1")  # 16-bit rows fused as on AMD CPUs, on every CPU
+os.environ.setdefault("RMSNORM_STREAM_BYTES", "0")  # every output streamed
 import sys, ml_dtypes, numpy as np, rmsnorm
 rng = np.random.default_rng(2)
 out = []
@@ -416,6 +417,16 @@ def test_streaming_does_not_change_results():
     are compared by place only: the sign and payload of a NaN that meets another NaN in one
     instruction depend on the order of its operands, which the compiler picks per loop."""
     runs = outputs_under_env(STREAM_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)
+    assert runs[0].size > 0
+    assert np.array_equal(runs[0], runs[1])
+
+
+def test_fusing_16_bit_rows_does_not_change_results():
+    """RMSNORM_FUSE_16=1 fuses streamed 16-bit rows across rows in the forward and the backward
+    (the next row's sum taken a block at a time between the chunks of this row's second pass);
+    =0 takes the two passes in turn. The default on Intel CPUs fuses the backward's rows of 1 KiB
+    or more only. Every output streamed, the same probe as above: the same bits either way."""
+    runs = outputs_under_env(STREAM_PROBE, "RMSNORM_FUSE_16", ("0", "1"), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])
 
