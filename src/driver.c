@@ -464,14 +464,10 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
     if (streamable(a->y, a->ys, a->k, es, bytes, min_row, 0) &&
         (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row, 0))) {
         flags |= RMS_STREAM;
-        /* the 16- and 32-bit forward and the 16-bit add with a weight (cast at the end)
-         * compile rows of rms_ksw_k() lengths as constants (RMS_KSW's `on` in fwd_rows and
-         * add_rows), where the partial lines stay plain: outputs whose rows do not start on
-         * lines, streamed by the partial lines' rule, take the general loop instead (see
-         * streamable) */
-        int kconst = a->w && !(a->flags & RMS_CAST_BEFORE) && rms_ksw_k(a->k) &&
-                     (es == 2 || (es == 4 && !a->r));
-        if (kconst && RMS_NT_EDGES && rms_cpu_stream_edges() &&
+        /* outputs whose rows do not start on lines, streamed by the partial lines' rule (see
+         * streamable): the loops the kernels compile for constant row lengths keep plain
+         * partial lines, so such rows take the general loop instead (RMS_ANY_K) */
+        if (RMS_NT_EDGES && rms_cpu_stream_edges() &&
             !(on_lines(a->y, a->ys, es) && (!a->r || on_lines(a->h, a->hs, es))))
             flags |= RMS_ANY_K;
     }

@@ -20,8 +20,9 @@ enum {
     RMS_DG_NARROW = 64,   /* backward, one row of a 16-bit type (with RMS_DG_STORE): dgamma is
                            * that type, each term rounded to it as it is stored */
     RMS_FUSE_16 = 128,    /* 16-bit rows are fused across rows too (FN(fused)) */
-    RMS_ANY_K = 256       /* forward and add: rows of the lengths that loops compile as
-                           * constants (RMS_KSW_K1, RMS_KSW_K2) take the general loop */
+    RMS_ANY_K = 256       /* forward and add: the output's rows do not all start on cache
+                           * lines, so rows of the lengths that loops compile as constants
+                           * (RMS_KSW_K1, RMS_KSW_K2) take the general loop */
 };
 
 /* Whether the kernels store the partial cache lines at the ends of a streamed row non-temporally
@@ -34,9 +35,9 @@ enum {
 #define RMS_NT_EDGES 0
 #endif
 
-/* The row lengths that row loops compile as constants (RMS_KSW in rows_impl.h). The driver
- * needs them too: those loops keep plain partial lines, and it sends such rows whose outputs do
- * not start on lines through the general loop instead (RMS_ANY_K, rms_forward in driver.c). */
+/* The row lengths that row loops compile as constants (RMS_KSW in rows_impl.h). Those loops keep
+ * plain partial lines, so rows of these lengths whose outputs do not start on lines take the
+ * general loop instead (RMS_ANY_K, which rms_forward in driver.c sets). */
 #define RMS_KSW_K1 64
 #define RMS_KSW_K2 128
 static inline int rms_ksw_k(size_t k) { return k == RMS_KSW_K1 || k == RMS_KSW_K2; }

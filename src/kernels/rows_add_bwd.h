@@ -320,7 +320,7 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
         return;
     }
     if (sizeof(T) == 2 && (flags & RMS_ANY_K) && (flags & RMS_STREAM) && w &&
-        !(flags & RMS_CAST_BEFORE)) {
+        !(flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
         FN(add_rows_any)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }

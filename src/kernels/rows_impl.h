@@ -1200,7 +1200,7 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
         return;
     }
     if (sizeof(T) <= 4 && (flags & RMS_ANY_K) && (flags & RMS_STREAM) && w &&
-        !(flags & RMS_CAST_BEFORE)) {
+        !(flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
         FN(fwd_rows_any)(x, xs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }
