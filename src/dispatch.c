@@ -54,24 +54,24 @@ static int n_available;
 static size_t pairs_aliased_min = 0;         /* the shortest aliased rows paired, in bytes */
 static size_t single_min = 0, single_max = 0; /* 32- and 64-bit rows not paired: [min, max) */
 static int hw_prefetch = 0;
-/* The shortest 16-bit rows each pass fuses (rms_cpu_fuse_16): forward, backward */
-static size_t fuse_16[2] = {(size_t)-1, (size_t)-1};
-/* The shortest 16-bit rows the backward fuses on x86 CPUs other than AMD's. Fused against two
- * passes in turn (rows of 8 KiB or more in pairs on AVX-512), the same build in one process
- * with RMSNORM_FUSE_16 on and off, each pair in both orders (the geometric mean), page-aligned:
+/* 16-bit rows fused across rows (rms_cpu_fuse_16): in both passes (AMD CPUs), or in the
+ * backward only, from the kernel family's fuse_bwd_16 bytes (other x86 CPUs: 1 KiB with AVX-512,
+ * 512 bytes with AVX2). Fused against two passes in turn (rows of 8 KiB or more in pairs on
+ * AVX-512), the same build in one process with RMSNORM_FUSE_16 on and off, each pair in both
+ * orders (the geometric mean), page-aligned:
  *   2-core Xeon (AVX-512), one / two threads: bfloat16 131072x512 0.93 / 0.93, 65536x1024
  *     0.94-0.95 / 0.97, 16384x4096 0.91 / 0.99, 8192x8192 0.96 / 1.00, 4096x12288 0.95,
  *     1024x32768 0.90 / 0.87, 256x65536 0.92 / 0.93; float16 131072x512 0.95 / 0.98,
  *     16384x4096 1.01 (two), 8192x8192 0.96 (two), 4096x12288 0.93, 1024x32768 0.88 / 0.84,
  *     256x65536 0.90 / 0.93; but rows of 512 bytes slower (bfloat16 262144x256 1.03 / 1.07,
- *     float16 1.05). Its AVX2 kernels gained there too (bfloat16 262144x256 0.87, 131072x512
- *     0.88, 16384x4096 0.93; float16 16384x4096 0.90).
+ *     float16 1.05). Its AVX2 kernels gained from 512 bytes: bfloat16 262144x256 0.87 / 0.91,
+ *     131072x512 0.88, 16384x4096 0.93; float16 262144x256 0.87 / 0.93, 16384x4096 0.90.
  *   16-core Xeon (AVX-512), 1 / 4 / 16 threads: bfloat16 131072x512 0.87 / 0.96 / 0.99,
  *     65536x1024 0.91 / 0.92 / 0.91, 2048x32768 0.86 / 0.86 / 0.93, 16384x4096 1.02 / 1.00 /
  *     1.02; float16 16384x4096 1.01 / 1.00 / 1.00.
  * The forward fused measured slower (2-core Xeon, bfloat16, one thread: 16384x4096 1.04,
  * 65536x1024 1.15, 1024x32768 1.04). */
-#define RMS_FUSE_16_BWD 1024
+static int fuse_16 = 0, fuse_16_bwd = 0;
 static int stream_edges = 0;
 static const rms_isa_table *current = &rms_isa_scalar;
 
@@ -98,7 +98,11 @@ int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased) {
 
 int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
 
-size_t rms_cpu_fuse_16(int backward) { return fuse_16[backward != 0]; }
+size_t rms_cpu_fuse_16(int backward) {
+    if (fuse_16)
+        return 0;
+    return backward && fuse_16_bwd ? rms_isa_current()->fuse_bwd_16 : SIZE_MAX;
+}
 
 int rms_cpu_stream_edges(void) { return stream_edges; }
 
@@ -110,10 +114,8 @@ void rms_dispatch_init(void) {
      * so on CPUs without AVX-512, Zen 3 among them, it changes nothing. */
     int amd_avx512 = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
     hw_prefetch = amd_avx512;
-    if (x86_vendor_is("AuthenticAMD"))
-        fuse_16[0] = fuse_16[1] = 0;
-    else
-        fuse_16[1] = RMS_FUSE_16_BWD;
+    fuse_16 = x86_vendor_is("AuthenticAMD");
+    fuse_16_bwd = !fuse_16;
     stream_edges = x86_vendor_is("GenuineIntel");
     if (!x86_vendor_is("GenuineIntel")) {
         pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
@@ -123,9 +125,10 @@ void rms_dispatch_init(void) {
     }
 #endif
     hw_prefetch = env_switch("RMSNORM_HW_PREFETCH", hw_prefetch);
-    switch (env_switch("RMSNORM_FUSE_16", -1)) {
-    case 1: fuse_16[0] = fuse_16[1] = 0; break;
-    case 0: fuse_16[0] = fuse_16[1] = (size_t)-1; break;
+    int fuse = env_switch("RMSNORM_FUSE_16", -1); /* 1: every 16-bit row; 0: none */
+    if (fuse >= 0) {
+        fuse_16 = fuse;
+        fuse_16_bwd = 0;
     }
     stream_edges = env_switch("RMSNORM_STREAM_EDGES", stream_edges);
 #if defined(RMSNORM_HAVE_AVX512)

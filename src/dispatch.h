@@ -27,8 +27,8 @@ int rms_cpu_hw_prefetch(void);
 /* The shortest 16-bit rows, in bytes, that the forward (backward = 0) or the backward (1) fuses
  * across rows as it does 32- and 64-bit ones (RMS_FUSE_16; the kernels fuse none under 512
  * bytes), or SIZE_MAX for none. On AMD CPUs both passes fuse, where it measured faster (Zen 3,
- * AVX2). On other CPUs the forward does not (an Intel Xeon measured it slower) and the backward
- * fuses rows of RMS_FUSE_16_BWD bytes or more (see dispatch.c). */
+ * AVX2). On other x86 CPUs the forward does not (an Intel Xeon measured it slower) and the
+ * backward fuses rows of the kernel family's fuse_bwd_16 bytes or more (see dispatch.c). */
 size_t rms_cpu_fuse_16(int backward);
 /* Whether outputs whose rows do not start on cache lines stream as rows on lines do (the
  * kernels stream their partial lines in pieces: RMS_NT_EDGES; 16-bit rows only where they start

@@ -116,6 +116,9 @@ typedef struct {
     /* Output rows of a 16-bit type that start on cache lines stream from this many bytes (see
      * streamable in driver.c); 0 for any length. */
     size_t stream_row_16;
+    /* On CPUs whose forward does not fuse 16-bit rows across rows and whose backward does (see
+     * rms_cpu_fuse_16), the backward's shortest such rows, in bytes; SIZE_MAX for none. */
+    size_t fuse_bwd_16;
 } rms_isa_table;
 
 extern const rms_isa_table rms_isa_scalar;

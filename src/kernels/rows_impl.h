@@ -1001,7 +1001,7 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  * 0.97, 262144x512 0.90 / 1.02 / 1.00; add 16384x8192 0.97 / 0.98 / 1.01, 262144x512 0.99 / 0.99
  * / 1.03.
  * 16-bit rows are fused where the driver asks (RMS_FUSE_16, rms_cpu_fuse_16): on AMD CPUs, and
- * on other x86 CPUs in the backward from 1 KiB (RMS_FUSE_16_BWD in dispatch.c). A 16-core Intel
+ * on other x86 CPUs in the backward only (fuse_bwd_16 in dispatch.c). A 16-core Intel
  * Xeon running these kernels measured the forward slower (1 / 4 / 16 threads, 32768x8192: bfloat16
  * 1.16-1.32 / 1.18-1.27 / 1.15-1.18, float16 1.11-1.26 / 1.06-1.14 / 1.07-1.27; steps of 1 KiB
  * rather than 512 bytes did not help), its float32 not (32768x8192 0.97 / 0.99 / 0.95,
