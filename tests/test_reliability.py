@@ -425,7 +425,8 @@ def test_fusing_16_bit_rows_does_not_change_results():
     """RMSNORM_FUSE_16=1 fuses streamed 16-bit rows across rows in the forward and the backward
     (the next row's sum taken a block at a time between the chunks of this row's second pass);
     =0 takes the two passes in turn. By default Intel CPUs fuse the backward's rows only, from
-    1 KiB (512 bytes with AVX2). Every output streamed, the same probe as above: the same bits either way."""
+    1 KiB (512 bytes with AVX2). Every output streamed, the same probe as above: the same bits
+    either way."""
     runs = outputs_under_env(STREAM_PROBE, "RMSNORM_FUSE_16", ("0", "1"), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])
