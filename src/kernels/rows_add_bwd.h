@@ -319,14 +319,14 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
         FN(add_fused_rows)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }
-    if (sizeof(T) == 2 && (flags & RMS_ANY_K) && (flags & RMS_STREAM) && w &&
-        !(flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
+    if ((flags & RMS_ANY_K) && (flags & RMS_STREAM) &&
+        RMS_KSW_ADD(w != NULL, flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
         FN(add_rows_any)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    RMS_KSW(sizeof(T) == 2 && (hw) && !(bf), k,                                                    \
+    RMS_KSW(RMS_KSW_ADD(hw, bf), k,                                                                \
             FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,            \
                          (C *)rstd, m, KK, eps, flags, hw, bf, nt))
     RMS_SWITCH3(opt, flags, RMS_X);

@@ -142,6 +142,11 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
             CALL;                                                                                  \
         }                                                                                          \
     } while (0)
+/* RMS_KSW's `on` for the forward (16- and 32-bit rows) and the add (16-bit rows): a weight
+ * (hw), cast at the end (!bf). Their switches ask it with constant options, and their RMS_ANY_K
+ * tests with the call's. */
+#define RMS_KSW_FWD(hw, bf) (sizeof(T) <= 4 && (hw) && !(bf))
+#define RMS_KSW_ADD(hw, bf) (sizeof(T) == 2 && (hw) && !(bf))
 /* The kinds of second pass over a row (FN(span)): the forward (y = (x * r) * w), the add
  * (h = round(x + r), y = (h * r) * w), the backward (dx, and the dgamma partial row per hasdg)
  * and the backward of two rows at once (accumulating dgamma); the vectors each outputs, and at
@@ -1199,14 +1204,14 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
         FN(fwd_fused_rows)(x, xs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }
-    if (sizeof(T) <= 4 && (flags & RMS_ANY_K) && (flags & RMS_STREAM) && w &&
-        !(flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
+    if ((flags & RMS_ANY_K) && (flags & RMS_STREAM) &&
+        RMS_KSW_FWD(w != NULL, flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
         FN(fwd_rows_any)(x, xs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    RMS_KSW(sizeof(T) <= 4 && (hw) && !(bf), k,                                                    \
+    RMS_KSW(RMS_KSW_FWD(hw, bf), k,                                                                \
             FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, KK, eps, flags, hw, bf,    \
                          nt))
     RMS_SWITCH3(opt, flags, RMS_X);
