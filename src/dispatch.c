@@ -76,6 +76,8 @@ static int hw_prefetch = 0;
  * 65536x1024 1.15, 1024x32768 1.04). */
 static int fuse_16 = 0, fuse_16_bwd = 0;
 static int stream_edges = 0;
+static int near_16 = 0; /* rms_cpu_near_16: 1 on Intel CPUs, or RMSNORM_L1_PREFETCH_16 */
+static int near_16_env = -1;
 static const rms_isa_table *current = &rms_isa_scalar;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -109,6 +111,10 @@ size_t rms_cpu_fuse_16(int backward) {
 
 int rms_cpu_stream_edges(void) { return stream_edges; }
 
+int rms_cpu_near_16(void) {
+    return near_16_env >= 0 ? near_16_env : near_16 && rms_isa_current()->near_bwd_16;
+}
+
 void rms_dispatch_init(void) {
     int n = 0;
 #if defined(__x86_64__) || defined(__i386__)
@@ -120,6 +126,7 @@ void rms_dispatch_init(void) {
     fuse_16 = x86_vendor_is("AuthenticAMD");
     fuse_16_bwd = !fuse_16;
     stream_edges = x86_vendor_is("GenuineIntel");
+    near_16 = stream_edges;
     if (!x86_vendor_is("GenuineIntel")) {
         pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
     } else {
@@ -134,6 +141,7 @@ void rms_dispatch_init(void) {
         fuse_16_bwd = 0;
     }
     stream_edges = env_switch("RMSNORM_STREAM_EDGES", stream_edges);
+    near_16_env = env_switch("RMSNORM_L1_PREFETCH_16", -1);
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512()) {
         avx512 = rms_isa_avx512;

@@ -674,7 +674,8 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, cs = csize(a->dtype), es = rms_esize(a->dtype);
     int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
-                (a->k * es >= rms_cpu_fuse_16(1) ? RMS_FUSE_16 : 0);
+                (a->k * es >= rms_cpu_fuse_16(1) ? RMS_FUSE_16 : 0) |
+                (rms_cpu_near_16() ? RMS_NEAR_16 : 0);
     if (rms_cpu_pairs(a->k * es, es,
                       rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;

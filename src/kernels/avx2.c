@@ -246,7 +246,8 @@ const rms_isa_table rms_isa_avx2 = {
     {RMS_ENTRY(f32_avx2), RMS_ENTRY(f64_avx2), RMS_ENTRY(f16_avx2), RMS_ENTRY(bf16_avx2)},
     0, /* widening each 16-bit weight costs a shuffle beside x's own (see make_weights) */
     512, /* shorter 16-bit rows, bound by their arithmetic, measured faster stored plainly */
-    512};
+    512,
+    0 /* prefetched into L1, the 16-bit backward's long rows measured slower (see FN(near)) */};
 
 #if defined(__clang__)
 #pragma clang attribute pop

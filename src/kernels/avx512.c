@@ -75,7 +75,7 @@
 const rms_isa_table rms_isa_avx512 = {"avx512",
                                       {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512),
                                        RMS_ENTRY(f16_avx512), RMS_ENTRY(bf16_avx512)},
-                                      8192, 0, 1024};
+                                      8192, 0, 1024, 1};
 
 #if defined(__clang__)
 #pragma clang attribute pop

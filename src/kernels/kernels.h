@@ -20,9 +20,11 @@ enum {
     RMS_DG_NARROW = 64,   /* backward, one row of a 16-bit type (with RMS_DG_STORE): dgamma is
                            * that type, each term rounded to it as it is stored */
     RMS_FUSE_16 = 128,    /* 16-bit rows are fused across rows too (FN(fused)) */
-    RMS_ANY_K = 256       /* forward and add: the output's rows do not all start on cache
+    RMS_ANY_K = 256,      /* forward and add: the output's rows do not all start on cache
                            * lines, so rows of the lengths that loops compile as constants
                            * (RMS_KSW_K1, RMS_KSW_K2) take the general loop */
+    RMS_NEAR_16 = 512     /* backward: 16-bit rows of up to 2 KiB are prefetched into L1,
+                           * 16 KiB ahead (FN(near)) */
 };
 
 /* Whether the kernels store the partial cache lines at the ends of a streamed row non-temporally
@@ -119,6 +121,9 @@ typedef struct {
     /* On CPUs whose forward does not fuse 16-bit rows across rows and whose backward does (see
      * rms_cpu_fuse_16), the backward's shortest such rows, in bytes; SIZE_MAX for none. */
     size_t fuse_bwd_16;
+    /* Whether the backward prefetches 16-bit rows into L1 on CPUs where that measured faster (see
+     * rms_cpu_near_16). */
+    int near_bwd_16;
 } rms_isa_table;
 
 extern const rms_isa_table rms_isa_scalar;

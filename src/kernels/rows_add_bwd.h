@@ -335,12 +335,19 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
 
 /* ---------------------------------------------------------------- backward */
 
-/* The second pass of the backward over a row (see span_val). */
+/* The flags that the prefetch mode of the second pass over rows of k elements depends on:
+ * RMS_NEAR_16 where FN(near) says so for the whole row (the chunks of a fused row are shorter). */
+static inline int FN(bwd_pf)(size_t k, int flags) {
+    return FN(near)(k, RMS_P_BWD, flags) ? flags & RMS_NEAR_16 : 0;
+}
+
+/* The second pass of the backward over a row (see span_val); pf from FN(bwd_pf). */
 RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *dg, V vr, V vnc,
-                             size_t n, size_t head, const T *pdy, const T *px, const int hasw,
-                             const int hasdg, const int nt) {
+                             size_t n, size_t head, const T *pdy, const T *px, int pf,
+                             const int hasw, const int hasdg, const int nt) {
     FN(span_rows) s = {dy, x, dx, NULL, dg, w, 0, 0, 0, vr, vnc, vr, vnc};
-    FN(span)(&s, n, head, pdy, px, FN(pf_mode)(n, RMS_P_BWD, 0), RMS_S_BWD, hasw, 0, hasdg, nt);
+    FN(span)(&s, n, head, pdy, px, FN(pf_mode)(n, RMS_P_BWD, pf), RMS_S_BWD, hasw,
+             0, hasdg, nt);
 }
 
 /* X(hasw, hasdg, nt) with constant arguments for o = (hasw != 0) | hasdg << 1 | nt << 3 |
@@ -409,8 +416,9 @@ static inline int FN(bwd_opt)(const void *w, const void *dg, int flags, int nt) 
 static __attribute__((noinline)) void FN(bwd_span_ool)(const T *dy, const T *x, const void *w,
                                                        T *dx, C *dg, V vr, V vnc, size_t n,
                                                        size_t head, const T *pdy, const T *px,
-                                                       int o) {
-#define RMS_X(hw, hg, nt) FN(bwd_span)(dy, x, w, dx, dg, vr, vnc, n, head, pdy, px, hw, hg, nt)
+                                                       int pf, int o) {
+#define RMS_X(hw, hg, nt)                                                                          \
+    FN(bwd_span)(dy, x, w, dx, dg, vr, vnc, n, head, pdy, px, pf, hw, hg, nt)
     RMS_SWITCH_BWD(o, 0, RMS_X);
 #undef RMS_X
 }
@@ -420,7 +428,7 @@ static void FN(bwd)(const void *dy, const void *x, const void *w, void *dx, doub
     size_t head;
     int opt = FN(bwd_opt)(w, dg, flags, FN(plan_stream)((T *)dx, NULL, n, flags, &head));
     FN(bwd_span_ool)((const T *)dy, (const T *)x, w, (T *)dx, (C *)dg, V_SET((C)r), V_SET((C)-c),
-                     n, head, NULL, NULL, opt);
+                     n, head, NULL, NULL, FN(bwd_pf)(n, flags), opt);
     if (flags & RMS_STREAM)
         V_FENCE();
 }
@@ -439,10 +447,10 @@ RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
         FN(bwd)(dyr, xr, w, dxr, rstd[i], c, dg, k, flags & ~RMS_STREAM);
     else if (k * sizeof(T) >= RMS_OOL_BYTES)
         FN(bwd_span_ool)(dyr, xr, w, dxr, dg, V_SET(rstd[i]), V_SET((C)-c), k, head, pdy, px,
-                         FN(bwd_o)(hasw, hasdg, nt));
+                         FN(bwd_pf)(k, flags), FN(bwd_o)(hasw, hasdg, nt));
     else
-        FN(bwd_span)(dyr, xr, w, dxr, dg, V_SET(rstd[i]), V_SET((C)-c), k, head, pdy, px, hasw,
-                     hasdg, nt);
+        FN(bwd_span)(dyr, xr, w, dxr, dg, V_SET(rstd[i]), V_SET((C)-c), k, head, pdy, px,
+                     FN(bwd_pf)(k, flags), hasw, hasdg, nt);
 }
 
 /* The second pass of two rows (a at dy, x -> dx; b one stride further) at once, accumulating
@@ -451,9 +459,10 @@ RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
 RMS_INLINE void FN(bwd_pair_span)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                                   ptrdiff_t dxs, const void *w, C *dg, V vr0, V vnc0, V vr1,
                                   V vnc1, size_t n, size_t head, const T *pdy, const T *px,
-                                  const int hasw, const int nt) {
+                                  int pf, const int hasw, const int nt) {
     FN(span_rows) s = {dy, x, dx, NULL, dg, w, dys, xs, dxs, vr0, vnc0, vr1, vnc1};
-    FN(span)(&s, n, head, pdy, px, FN(pf_mode)(n, RMS_P_BWD, 0), RMS_S_PAIR, hasw, 0, 1, nt);
+    FN(span)(&s, n, head, pdy, px, FN(pf_mode)(n, RMS_P_BWD, pf), RMS_S_PAIR, hasw,
+             0, 1, nt);
 }
 
 /* Rows i and i + 1 (with a weight, accumulating dgamma), given their c; as bwd_row is of one.
@@ -472,7 +481,8 @@ RMS_INLINE void FN(bwd_pair)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
     if (!nt || (FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head) &&
                 FN(plan_stream)(dxr + dxs, NULL, k, RMS_STREAM, &head1) && head == head1)) {
         FN(bwd_pair_span)(dyr, dys, xr, xs, dxr, dxs, w, dg, V_SET(rstd[i]), V_SET((C)-c0),
-                          V_SET(rstd[i + 1]), V_SET((C)-c1), k, head, pdy, px, hasw, nt);
+                          V_SET(rstd[i + 1]), V_SET((C)-c1), k, head, pdy, px,
+                          FN(bwd_pf)(k, flags), hasw, nt);
     } else {
         FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c0, i, m, k, d, flags, hasw, 1, nt);
         FN(bwd_row)(dy, dys, x, xs, dx, dxs, w, rstd, dg, c1, i + 1, m, k, d, flags, hasw, 1, nt);
@@ -555,9 +565,9 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
 /* Elements [c, c + n) of row dy, x's second pass into dx (and dg), streamed; as FN(fwd_chunk). */
 RMS_INLINE void FN(bwd_chunk)(const T *dy, const T *x, const void *w, T *dx, C *dg, V vr, V vnc,
                               size_t c, size_t n, size_t head, const T *pdy, const T *px,
-                              const int hasw, const int hasdg) {
+                              int pf, const int hasw, const int hasdg) {
     FN(bwd_span)(dy + c, x + c, hasw ? W_AT(w, c, hasw) : NULL, dx + c, hasdg ? dg + c : NULL, vr,
-                 vnc, n, head, pdy ? pdy + c : NULL, pdy ? px + c : NULL, hasw, hasdg, 1);
+                 vnc, n, head, pdy ? pdy + c : NULL, pdy ? px + c : NULL, pf, hasw, hasdg, 1);
 }
 
 /* The backward of FN(fused) rows, as FN(fwd_fused) is of the forward: each block of row i + 1's
@@ -570,7 +580,7 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
                               size_t k, int flags, const int hasw, const int hasdg) {
     const size_t d = FN(fused_ahead)(k, RMS_P_BWD, flags);
     const double inv_k = rms_inv_pow2(k);
-    const int kind = hasw == 2 ? RMS_DOTWS : hasw ? RMS_DOTW : RMS_DOT;
+    const int kind = hasw == 2 ? RMS_DOTWS : hasw ? RMS_DOTW : RMS_DOT, pf = FN(bwd_pf)(k, flags);
     A sa = FN(bwd_dot)(dy, dys, x, xs, w, rstd, 0, k, hasw);
     for (size_t i = 0; i < m; i++) {
         const double c = rms_mean(A_SUM(sa), k, inv_k);
@@ -587,7 +597,7 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
             const V vr = V_SET(rstd[i]), vnc = V_SET((C)-c), vrn = V_SET(rstd[i + 1]);
             const T *pdy = FN(row_ahead)(dy, dys, i, d, m), *px = FN(row_ahead)(x, xs, i, d, m);
 #define RMS_CHUNK(c, n, hd)                                                                        \
-    FN(bwd_chunk)(dyr, xr, w, dxr, dg, vr, vnc, c, n, hd, pdy, px, hasw, hasdg)
+    FN(bwd_chunk)(dyr, xr, w, dxr, dg, vr, vnc, c, n, hd, pdy, px, pf, hasw, hasdg)
             RMS_FUSE_PASS(sa, dyn, xn, w, vrn, k, kind, head, RMS_CHUNK);
 #undef RMS_CHUNK
         }

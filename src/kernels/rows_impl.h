@@ -540,11 +540,35 @@ static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, s
  * every-second-line mode: the row, the row ahead and the weight overflow the 32 KiB L1 there.
  * One thread, ratio to the prefetching copy, two builds alternating in one process: float32
  * add 16384x4096 1.46-1.51 -> 1.15-1.18, forward 16384x4096 1.31-1.32 -> 1.15-1.16; float64
- * forward 8192x2048 1.84-1.85 -> 1.49-1.50. */
+ * forward 8192x2048 1.84-1.85 -> 1.49-1.50.
+ * With RMS_NEAR_16 (the driver sets it on Intel CPUs, rms_cpu_near_16) the 16-bit backward, whose
+ * second pass has the most arithmetic of any, prefetches its rows of up to 2 KiB into L1 too, 16
+ * KiB ahead (the row after that when fused). The same build in one process with
+ * RMSNORM_L1_PREFETCH_16 on and off for rows of every length, each pair in both orders (the
+ * geometric mean), page-aligned, new time over old:
+ *   2-core Xeon (AVX-512), one / two threads: bfloat16 1M x 64 0.96 / 0.95, 262144x256 0.91 /
+ *     0.93, 131072x512 0.94 / 0.96, 65536x1024 0.94 / 0.97; float16 1M x 64 0.96 / 0.97,
+ *     262144x256 0.91 / 0.91, 131072x512 0.94 / 1.01-1.06, 65536x1024 0.94 / 0.99;
+ *   16-core Xeon, 1 / 4 / 16 threads: bfloat16 1048576x64 0.98 / 0.99 / 0.99, 262144x256 0.98 /
+ *     1.00 / 0.99, 131072x512 0.99 / 1.00 / 0.995, 65536x1024 0.97 / 1.00 / 1.02; float16
+ *     262144x256 0.95 / 0.96 / 0.97, 131072x512 0.95 / 1.00 / 1.02, 65536x1024 0.95 / 1.01 /
+ *     1.02.
+ * Longer rows gained on the 2-core Xeon (bfloat16 16384x4096 0.98 / 0.96, 8192x8192 0.97 / 0.99,
+ * 1024x32768 0.98 / 1.01, 256x65536 1.00; float16 8192x8192 0.95 / 0.98) but lost on the
+ * 16-core one (bfloat16 32768x2048 1.03 / 1.04 / 1.02, 8192x8192 1.03 / 1.01 / 0.98; float16
+ * 8192x8192 1.02 / 1.01 / 1.01), and keep L2. Into L1 64 KiB ahead gained less on the 2-core
+ * Xeon (bfloat16 16384x4096 0.98, 65536x1024 0.99), 32 KiB ahead too (0.97-0.98), and
+ * PREFETCHNTA lost (2.1 to 2.3 of the time). The float32 backward, its rows of 16 KiB and more
+ * prefetched the same way, measured the same within 0.02. The AVX2 kernels on the 2-core Xeon
+ * (`set_isa("avx2")`) lost on long rows (one thread: bfloat16 16384x4096 1.06, 1024x32768 1.07,
+ * float16 1.07-1.08; two: bfloat16 1.03-1.04) and gained little on short ones (0.96 to 1.00;
+ * bfloat16 262144x256 1.07 at two threads), so they keep L2 (near_bwd_16 in the ISA table). */
 static inline int FN(near)(size_t k, const int pass, int flags) {
     size_t row = k * sizeof(T);
     size_t max = pass == RMS_P_BWD || (flags & RMS_HW_PREFETCH) ? 8192 : 16384;
-    return sizeof(T) >= 4 && row >= 4096 && row <= max;
+    if (sizeof(T) == 2)
+        return pass == RMS_P_BWD && (flags & RMS_NEAR_16) && row <= 2048;
+    return row >= 4096 && row <= max;
 }
 
 /* Row i + d of a (stride s), the row to prefetch, or NULL when there is none (d == 0: no
