@@ -76,8 +76,8 @@ static int hw_prefetch = 0;
  * 65536x1024 1.15, 1024x32768 1.04). */
 static int fuse_16 = 0, fuse_16_bwd = 0;
 static int stream_edges = 0;
-static int near_16 = 0; /* rms_cpu_near_16: 1 on Intel CPUs, or RMSNORM_L1_PREFETCH_16 */
-static int near_16_env = -1;
+static int near_16 = 0;      /* rms_cpu_near_16: on Intel CPUs */
+static int near_16_env = -1; /* RMSNORM_L1_PREFETCH_16, or -1 */
 static const rms_isa_table *current = &rms_isa_scalar;
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -36,9 +36,9 @@ size_t rms_cpu_fuse_16(int backward);
  * where it measured faster (see streamable in driver.c). RMSNORM_STREAM_EDGES=0 / 1 sets it. */
 int rms_cpu_stream_edges(void);
 /* Whether the backward prefetches 16-bit rows of up to 2 KiB into L1, 16 KiB ahead, rather than
- * into L2, 64 KiB ahead (RMS_NEAR_16; see FN(near) in rows_impl.h): on Intel CPUs, with the kernel families whose
- * near_bwd_16 says so (AVX-512), where it measured faster. RMSNORM_L1_PREFETCH_16=0 / 1 sets it
- * for every family. */
+ * into L2, 64 KiB ahead (RMS_NEAR_16; see FN(near) in rows_impl.h): on Intel CPUs, with the
+ * kernel families whose near_bwd_16 says so (AVX-512), where it measured faster.
+ * RMSNORM_L1_PREFETCH_16=0 / 1 sets it for every family. */
 int rms_cpu_near_16(void);
 void rms_isa_select(const rms_isa_table *t);
 

@@ -517,12 +517,13 @@ static void touched(const share *s, size_t k, size_t *lo, size_t *hi) {
  * updated once per row of x), nor lie on neighbouring pages. Rows that shared a page, in pairs of
  * lines, ran slower at two threads than at one: the CPU's stream prefetcher, which runs ahead
  * within a page, fetched the lines of the next thread's row as this thread went through its own,
- * and the two cores took those lines from each other on every row. 2-core Xeon, two threads, page-aligned arrays, two builds alternating in
- * one process, each pair in both orders, new time over old: bfloat16 262144x256 0.65 (1.65 ->
- * 1.04 of a triad), 131072x512 0.78, float16 262144x256 0.63, float32 262144x256 0.95; rows of 4
- * KiB or more, whose pitch was already whole pages, 0.96 to 1.03. 16-core Xeon, 4 / 16 threads:
- * bfloat16 262144x256 0.65 / 0.77, 131072x512 0.75 / 0.85, float16 262144x256 0.65 / 0.74,
- * float32 262144x256 0.92 / 0.96.
+ * and the two cores took those lines from each other on every row. 2-core Xeon, two threads,
+ * page-aligned arrays, two builds alternating in one process, each pair in both orders, rows on
+ * pages of their own (no page between) over rows a pair of lines apart: bfloat16 262144x256
+ * 0.65 (1.65 -> 1.04 of a triad), 131072x512 0.78, float16 262144x256 0.63, float32 262144x256
+ * 0.95; rows of 4 KiB or more, whose pitch was already whole pages, 0.96 to 1.03. 16-core Xeon,
+ * 4 / 16 threads: bfloat16 262144x256 0.65 / 0.77, 131072x512 0.75 / 0.85, float16 262144x256
+ * 0.65 / 0.74, float32 262144x256 0.92 / 0.96.
  * Rows on neighbouring pages still slowed each other, less with each page between them up to two
  * (the prefetchers also fetch ahead into the next page): two threads on the 2-core Xeon, two
  * builds alternating as above, two pages between the rows over none: bfloat16 65536x1024 0.87,
