@@ -121,13 +121,14 @@ void rms_dispatch_init(void) {
     /* AMD CPUs with AVX-512 (Zen 4 and later); on Zen 3 the software prefetch measured faster.
      * pairs_aliased_min matters only to kernels that pair rows (32 vector registers: AVX-512),
      * so on CPUs without AVX-512, Zen 3 among them, it changes nothing. */
-    int amd_avx512 = x86_vendor_is("AuthenticAMD") && x86_has_avx512();
+    const int amd = x86_vendor_is("AuthenticAMD"), intel = x86_vendor_is("GenuineIntel");
+    int amd_avx512 = amd && x86_has_avx512();
     hw_prefetch = amd_avx512;
-    fuse_16 = x86_vendor_is("AuthenticAMD");
+    fuse_16 = amd;
     fuse_16_bwd = !fuse_16;
-    stream_edges = x86_vendor_is("GenuineIntel");
-    near_16 = stream_edges;
-    if (!x86_vendor_is("GenuineIntel")) {
+    stream_edges = intel;
+    near_16 = intel;
+    if (!intel) {
         pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
     } else {
         single_min = 32768;
