@@ -283,17 +283,108 @@ static double load_c(const void *arr, size_t i, int f64) {
     return f64 ? ((const double *)arr)[i] : (double)((const float *)arr)[i];
 }
 
+/* ---------------------------------------------------------------- line buffer
+ * Short rows of a packed output that does not start on a cache line (np.empty_like gives arrays
+ * 16 bytes past a page) share lines with the rows beside them, so the kernels cannot stream them,
+ * and stored plainly each line is first read from memory. Such rows go through a buffer in L1
+ * instead: a batch of rows is stored into it at the output's offset within a line, its whole
+ * lines are streamed out (the kernel family's stream_lines), and its last partial line is carried
+ * over to the front of the buffer for the next batch to complete. Only the first and last
+ * partial lines of a thread's rows are stored plainly, and only their own bytes. The kernels
+ * prefetch the rows past each batch (RMS_PF_PAST) as they would in one call. */
+#define RMS_LINE_BUF 8192 /* bytes of rows in a batch, at most */
+#define RMS_LINE_MIN 64
+#define RMS_LINE_16_MIN 128
+#define RMS_LINE_16_MAX 256
+#define RMS_LINED (1 << 24) /* the driver's own flag, never passed to the kernels */
+
+/* Rows [r0, r1) of a kernel call into outputs out[] (packed rows). */
+typedef void (*rows_fn)(const void *ctx, size_t r0, size_t r1, char *const *out);
+
+/* Rows [r0, r1) through fn, with nout outputs (at most 2) whose row r0 starts at dst[j], rows of
+ * rb bytes packed, every dst[j] at the same offset within a line. */
+static void line_rows(rows_fn fn, const void *ctx, size_t r0, size_t r1, size_t rb,
+                      char *const *dst, int nout) {
+    char buf[2][RMS_LINE_BUF + 128] __attribute__((aligned(64)));
+    void (*stream)(void *, const void *, size_t) = rms_isa_current()->stream_lines;
+    size_t q = 64 / ((rb & -rb) < 64 ? (rb & -rb) : 64); /* rows that fill whole lines */
+    size_t b = RMS_LINE_BUF / rb / q * q;
+    if (!stream || b == 0 || r1 - r0 < 2 * b) { /* (stream: the ISA set since, by another thread) */
+        fn(ctx, r0, r1, dst);
+        return;
+    }
+    size_t o = (uintptr_t)dst[0] % 64;
+    char *line[2] = {dst[0] - o, nout > 1 ? dst[1] - o : NULL};
+    for (size_t i = r0; i < r1;) {
+        size_t n = r1 - i < b ? r1 - i : b, end = o + n * rb, full = end / 64, tail = end % 64;
+        char *out[2] = {buf[0] + o, buf[1] + o};
+        fn(ctx, i, i + n, out);
+        for (int j = 0; j < nout; j++) {
+            size_t s = 0;
+            if (i == r0 && o) { /* the first line: only its own bytes, plainly (end >= 64) */
+                memcpy(line[j] + o, buf[j] + o, 64 - o);
+                s = 1;
+            }
+            stream(line[j] + 64 * s, buf[j] + 64 * s, full - s);
+            if (i + n == r1)
+                memcpy(line[j] + 64 * full, buf[j] + 64 * full, tail);
+            else
+                memcpy(buf[j], buf[j] + 64 * full, tail);
+            line[j] += 64 * full;
+        }
+        o = tail;
+        i += n;
+    }
+    rms_stream_fence();
+}
+
+/* A kernel call over rows, for line_rows: the forward's or the add's arguments (fa), or the
+ * backward's (ba) with its dgamma row dg. */
+typedef struct {
+    const rms_kernels *kt;
+    const rms_fwd_args *fa;
+    const rms_bwd_args *ba;
+    void *dg;
+    int flags;
+    size_t es, cs;
+} rows_ctx;
+
+/* The kernels' flags, and an output's row stride: packed rows into the line buffer (RMS_LINED),
+ * whose kernels prefetch past each batch, or the output's own. */
+static int call_flags(int flags) {
+    return flags & RMS_LINED ? (flags & ~RMS_LINED) | RMS_PF_PAST : flags;
+}
+static ptrdiff_t out_stride(int flags, size_t k, ptrdiff_t stride) {
+    return flags & RMS_LINED ? (ptrdiff_t)k : stride;
+}
+
+static void fwd_call(const void *ctx, size_t r0, size_t r1, char *const *out) {
+    const rows_ctx *c = ctx;
+    const rms_fwd_args *a = c->fa;
+    size_t es = c->es, k = a->k, m = r1 - r0;
+    int flags = call_flags(c->flags);
+    const char *x = AT(a->x, r0, a->xs, 0, es);
+    char *rstd = (char *)a->rstd + r0 * c->cs;
+    if (a->r)
+        c->kt->add_rows(x, a->xs, AT(a->r, r0, a->rs, 0, es), a->rs, out[0],
+                        out_stride(c->flags, k, a->hs), out[1], out_stride(c->flags, k, a->ys),
+                        a->w, rstd, m, k, a->eps, flags);
+    else
+        c->kt->fwd_rows(x, a->xs, out[0], out_stride(c->flags, k, a->ys), a->w, rstd, m, k,
+                        a->eps, flags);
+}
+
 static void fwd_rows(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, size_t r1,
                      int flags, size_t es, size_t cs) {
     if (r1 <= r0)
         return;
-    const char *x = AT(a->x, r0, a->xs, 0, es);
-    char *y = AT(a->y, r0, a->ys, 0, es), *rstd = (char *)a->rstd + r0 * cs;
-    if (a->r)
-        kt->add_rows(x, a->xs, AT(a->r, r0, a->rs, 0, es), a->rs, AT(a->h, r0, a->hs, 0, es),
-                     a->hs, y, a->ys, a->w, rstd, r1 - r0, a->k, a->eps, flags);
+    rows_ctx c = {kt, a, NULL, NULL, flags, es, cs};
+    char *dst[2] = {AT(a->r ? a->h : a->y, r0, a->r ? a->hs : a->ys, 0, es),
+                    a->r ? AT(a->y, r0, a->ys, 0, es) : NULL};
+    if (flags & RMS_LINED)
+        line_rows(fwd_call, &c, r0, r1, a->k * es, dst, a->r ? 2 : 1);
     else
-        kt->fwd_rows(x, a->xs, y, a->ys, a->w, rstd, r1 - r0, a->k, a->eps, flags);
+        fwd_call(&c, r0, r1, dst);
 }
 
 typedef struct {
@@ -362,9 +453,9 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
         x += p->c0 * es;
         if (res)
             kt->add_scale(x, res + p->c0 * es, AT(a->h, p->row, a->hs, p->c0, es), y, w, r,
-                          p->c1 - p->c0, j->flags);
+                          p->c1 - p->c0, j->flags & ~RMS_LINED);
         else
-            kt->scale(x, y, w, r, p->c1 - p->c0, j->flags);
+            kt->scale(x, y, w, r, p->c1 - p->c0, j->flags & ~RMS_LINED);
     }
 }
 
@@ -452,6 +543,31 @@ static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size
     return k * es >= min_row || (lines && k * es >= lines_min) || (edges && k * es >= edge_min);
 }
 
+/* Whether the output p (rows of k elements, stride apart, `bytes` in all) goes through the line
+ * buffer (line_rows): on Intel CPUs (rms_cpu_stream_edges) with a family that streams, too large
+ * for the cache, packed, not on lines, and with rows of 16 bits of RMS_LINE_16_MIN to
+ * RMS_LINE_16_MAX bytes (and no shorter than the family streams rows on lines; at 256 bytes
+ * ahead of the partial lines' rule in streamable), or in the backward, rows of 32 and 64 bits of
+ * RMS_LINE_MIN bytes or more that are not streamed (under RMS_STREAM_ROW_EDGE_BWD). 2-core Xeon,
+ * AVX-512, into empty_like, two builds alternating in one process, each pair in both orders, new
+ * time over old at one / two threads: bfloat16 1M x 64 forward 0.78 / 0.77, add 0.62 / 0.62,
+ * backward 0.76 / 0.75; 524288x128 forward 0.90 / 0.91, add 0.94 / 0.94, backward 0.66 / 0.67;
+ * float32 backward 1M x 64 0.60 / 0.64, 2M x 32 0.76 / 0.76, 699050x96 0.72 / 0.71; float64 1M x
+ * 32 0.65 / 0.63. Slower with it, and left out: 16-bit rows of 64 bytes (bfloat16 2M x 32 forward
+ * 1.10, add 1.05, backward 1.04), of 1 KiB (1.06 to 1.10 against the partial lines' rule), the
+ * AVX2 kernels' 16-bit rows (1.04 to 1.07), the float32 forward and add (1M x 64, 1.09 and 1.12)
+ * and float32 backward rows of 32 bytes (8M x 8, 2.3). See benchmarks/NOTES.md. */
+static int lined(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes, int bwd) {
+    const rms_isa_table *isa = rms_isa_current();
+    size_t rb = k * es;
+    if (!(RMS_NT_EDGES && isa->stream_lines && rms_cpu_stream_edges() && bytes >= stream_bytes &&
+          stride == (ptrdiff_t)k && (uintptr_t)p % 64 != 0 && (uintptr_t)p % es == 0))
+        return 0;
+    if (es == 2)
+        return rb >= RMS_LINE_16_MIN && rb <= RMS_LINE_16_MAX && rb >= isa->stream_row_16;
+    return bwd && rb >= RMS_LINE_MIN && rb < RMS_STREAM_ROW_EDGE_BWD;
+}
+
 void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
@@ -461,8 +577,12 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
                 (a->k * es >= rms_cpu_fuse_16(0) ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
-    if (streamable(a->y, a->ys, a->k, es, bytes, min_row, 0) &&
-        (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row, 0))) {
+    if (lined(a->y, a->ys, a->k, es, bytes, 0) &&
+        (!a->r || (lined(a->h, a->hs, a->k, es, bytes, 0) &&
+                   (uintptr_t)a->h % 64 == (uintptr_t)a->y % 64))) {
+        flags |= RMS_LINED;
+    } else if (streamable(a->y, a->ys, a->k, es, bytes, min_row, 0) &&
+               (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row, 0))) {
         flags |= RMS_STREAM;
         /* outputs whose rows do not start on lines, streamed by the partial lines' rule (see
          * streamable): the loops the kernels compile for constant row lengths keep plain
@@ -482,12 +602,26 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
 
 /* Backward. Each thread accumulates dgamma into its own row of a [threads x k] buffer over the
  * columns it touches; the rows are then summed column-parallel in thread order. */
+static void bwd_call(const void *ctx, size_t r0, size_t r1, char *const *out) {
+    const rows_ctx *c = ctx;
+    const rms_bwd_args *a = c->ba;
+    size_t es = c->es;
+    c->kt->bwd_rows(AT(a->dy, r0, a->dys, 0, es), a->dys, AT(a->x, r0, a->xs, 0, es), a->xs,
+                    out[0], out_stride(c->flags, a->k, a->dxs), a->w,
+                    (const char *)a->rstd + r0 * c->cs, c->dg, r1 - r0, a->k,
+                    call_flags(c->flags));
+}
+
 static void bwd_rows(const rms_kernels *kt, const rms_bwd_args *a, size_t r0, size_t r1,
                      void *dg, size_t es, size_t cs, int flags) {
-    if (r1 > r0)
-        kt->bwd_rows(AT(a->dy, r0, a->dys, 0, es), a->dys, AT(a->x, r0, a->xs, 0, es), a->xs,
-                     AT(a->dx, r0, a->dxs, 0, es), a->dxs, a->w, (const char *)a->rstd + r0 * cs,
-                     dg, r1 - r0, a->k, flags);
+    if (r1 <= r0)
+        return;
+    rows_ctx c = {kt, NULL, a, dg, flags, es, cs};
+    char *dst[1] = {AT(a->dx, r0, a->dxs, 0, es)};
+    if (flags & RMS_LINED)
+        line_rows(bwd_call, &c, r0, r1, a->k * es, dst, 1);
+    else
+        bwd_call(&c, r0, r1, dst);
 }
 
 /* Bytes of one dgamma entry: the compute type's, or x's with RMS_DG_NARROW (one row). */
@@ -602,7 +736,7 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
             const char *w = a->w ? (const char *)a->w + p->c0 * wsize(a->dtype, a->flags) : NULL;
             kt->bwd(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es), w,
                     AT(a->dx, p->row, a->dxs, p->c0, es), r, c, dg ? dg + p->c0 * cs : NULL,
-                    p->c1 - p->c0, j->flags);
+                    p->c1 - p->c0, j->flags & ~RMS_LINED);
         }
     } else {
         reduce_columns(a, j->dg_rows, j->sh, nt, k * (size_t)t / (size_t)nt,
@@ -645,7 +779,7 @@ static void cols_phase(void *job, int t, int nt, int phase) {
             c += j->dots[(size_t)u * a->m + i];
         j->kt->bwd(AT(a->dy, i, a->dys, lo, es), AT(a->x, i, a->xs, lo, es), w,
                    AT(a->dx, i, a->dxs, lo, es), load_c(a->rstd, i, f64), c / (double)a->k, dg,
-                   hi - lo, j->flags);
+                   hi - lo, j->flags & ~RMS_LINED);
     }
     if (phase == 0 && dg && !(j->flags & RMS_DG_STORE) && hi > lo)
         memset(dg, 0, (hi - lo) * dg_size(a));
@@ -700,7 +834,10 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
     if (rms_cpu_pairs(a->k * es, es,
                       rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;
-    if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW, RMS_STREAM_ROW_EDGE_BWD))
+    if (lined(a->dx, a->dxs, a->k, es, total * es, 1))
+        flags |= RMS_LINED;
+    else if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW,
+                        RMS_STREAM_ROW_EDGE_BWD))
         flags |= RMS_STREAM;
     if (a->m == 1) /* one row: dgamma = dy * xhat, stored, not accumulated */
         flags |= RMS_DG_STORE | (a->flags & RMS_DG_NARROW);

@@ -432,6 +432,79 @@ def test_fusing_16_bit_rows_does_not_change_results():
     assert np.array_equal(runs[0], runs[1])
 
 
+LINE_PROBE = """
+import sys, ml_dtypes, numpy as np, rmsnorm
+rng = np.random.default_rng(4)
+out = []
+SENTINEL = 0x5A
+def at(shape, dt, shift):
+    # a packed output `shift` elements past a cache line, in a buffer of sentinel bytes
+    n = int(np.prod(shape))
+    buf = np.full((n + 128) * np.dtype(dt).itemsize, SENTINEL, np.uint8)
+    start = (-buf.ctypes.data % 64) + shift * np.dtype(dt).itemsize
+    return buf, buf[start : start + n * np.dtype(dt).itemsize].view(dt).reshape(shape), start
+def check(buf, start, a):  # no byte stored outside the output, before it or after it
+    end = start + a.nbytes
+    assert (buf[:start] == SENTINEL).all() and (buf[end:] == SENTINEL).all(), (a.shape, a.dtype)
+# rows of 64 to 508 bytes, enough of them that each of two threads takes several batches of the
+# line buffer, the threads' shares starting and ending inside rows
+shapes = {np.float16: ((601, 64), (601, 65), (401, 96), (301, 128)),
+          ml_dtypes.bfloat16: ((601, 64), (301, 128), (601, 127)),
+          np.float32: ((2051, 16), (1025, 64), (401, 96), (301, 127)),
+          np.float64: ((1025, 32), (601, 63))}
+for isa in rmsnorm.available_isas():
+    rmsnorm.set_isa(isa)
+    for dt, dims in shapes.items():
+        for m, k in dims:
+            x = rng.standard_normal((m, k)).astype(dt)
+            x[5] = 0  # rows that take the slow path
+            x[77, k // 2] = np.nan
+            r = rng.standard_normal((m, k)).astype(dt)
+            g = rng.uniform(0.5, 1.5, k).astype(dt)
+            _, rstd = rmsnorm.rms_norm(x, g)
+            for shift in (1, 3, 8):
+                for t in (1, 2):
+                    rmsnorm.set_num_threads(t)
+                    by, y, sy = at(x.shape, dt, shift)
+                    rmsnorm.rms_norm(x, g, out=y)
+                    check(by, sy, y)
+                    bd, dx, sd = at(x.shape, dt, shift)
+                    rmsnorm.rms_norm_backward(r, x, g, rstd, out=dx)
+                    check(bd, sd, dx)
+                    bz, dz, sz = at(x.shape, dt, shift)
+                    rmsnorm.rms_norm_backward(r, x, None, rstd, out=dz)
+                    check(bz, sz, dz)
+                    ba, ya, sa = at(x.shape, dt, shift)
+                    bh, h, sh = at(x.shape, dt, shift)
+                    rmsnorm.add_rms_norm(x, r, g, out=ya, residual_out=h)
+                    check(ba, sa, ya)
+                    check(bh, sh, h)
+                    bx, xi, sx = at(x.shape, dt, shift)
+                    br, ri, sr = at(x.shape, dt, shift)
+                    xi[...], ri[...] = x, r  # in place: y over x, h over r
+                    rmsnorm.add_rms_norm(xi, ri, g, out=xi, residual_out=ri)
+                    check(bx, sx, xi)
+                    check(br, sr, ri)
+                    for a in (y, dx, dz, ya, h, xi, ri):  # every NaN as one NaN
+                        a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
+                        out.append(a.ravel().view(np.uint8))
+sys.stdout.buffer.write(np.concatenate(out).tobytes())
+"""
+
+
+def test_line_buffer_does_not_change_results():
+    """Outputs larger than the cache whose short rows are packed but do not start on cache lines
+    (np.empty_like) go through a line buffer on Intel CPUs: a batch of rows into L1, its whole
+    lines streamed out, the partial line carried over to the next batch (16-bit rows of 128 to
+    256 bytes; the backward's 32- and 64-bit rows of 64 to 511 bytes). RMSNORM_STREAM_BYTES=0
+    takes that path for every output here; a huge value stores every row plainly. Every ISA,
+    dtype, offset within a line (and one on a line), one thread or two: the same bits either
+    way, and no byte stored outside the output, however the threads' shares cut the rows."""
+    runs = outputs_under_env(LINE_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)
+    assert runs[0].size > 0
+    assert np.array_equal(runs[0], runs[1])
+
+
 BWD16_PROBE = """
 import os
 os.environ["RMSNORM_STREAM_BYTES"] = "{stream}"

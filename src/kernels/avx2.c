@@ -241,13 +241,23 @@ static inline __m256i mask64(size_t n) {
 #define V_STP V_STCP
 #include "rows_impl.h"
 
+static void stream_lines_avx2(void *dst, const void *src, size_t lines) {
+    for (size_t i = 0; i < 2 * lines; i += 2) {
+        __m256i a = _mm256_load_si256((const __m256i *)src + i);
+        __m256i b = _mm256_load_si256((const __m256i *)src + i + 1);
+        _mm256_stream_si256((__m256i *)dst + i, a);
+        _mm256_stream_si256((__m256i *)dst + i + 1, b);
+    }
+}
+
 const rms_isa_table rms_isa_avx2 = {
     "avx2",
     {RMS_ENTRY(f32_avx2), RMS_ENTRY(f64_avx2), RMS_ENTRY(f16_avx2), RMS_ENTRY(bf16_avx2)},
     0, /* widening each 16-bit weight costs a shuffle beside x's own (see make_weights) */
     512, /* shorter 16-bit rows, bound by their arithmetic, measured faster stored plainly */
     512,
-    0 /* prefetched into L1, the 16-bit backward's long rows measured slower (see FN(near)) */};
+    0, /* prefetched into L1, the 16-bit backward's long rows measured slower (see FN(near)) */
+    stream_lines_avx2};
 
 #if defined(__clang__)
 #pragma clang attribute pop

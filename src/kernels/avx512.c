@@ -72,10 +72,15 @@
 #define V_STP V_STCP
 #include "rows_impl.h"
 
+static void stream_lines_avx512(void *dst, const void *src, size_t lines) {
+    for (size_t i = 0; i < lines; i++)
+        _mm512_stream_si512((__m512i *)dst + i, _mm512_load_si512((const __m512i *)src + i));
+}
+
 const rms_isa_table rms_isa_avx512 = {"avx512",
                                       {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512),
                                        RMS_ENTRY(f16_avx512), RMS_ENTRY(bf16_avx512)},
-                                      8192, 0, 1024, 1};
+                                      8192, 0, 1024, 1, stream_lines_avx512};
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -23,9 +23,14 @@ enum {
     RMS_ANY_K = 256,      /* forward and add: the output's rows do not all start on cache
                            * lines, so rows of the lengths that loops compile as constants
                            * (RMS_KSW_K1, RMS_KSW_K2) take the general loop */
-    RMS_NEAR_16 = 512     /* backward: 16-bit rows of up to 2 KiB are prefetched into L1,
+    RMS_NEAR_16 = 512,    /* backward: 16-bit rows of up to 2 KiB are prefetched into L1,
                            * 16 KiB ahead (FN(near)) */
+    RMS_PF_PAST = 1024    /* the inputs' rows go on past the m of the call (a batch of a longer
+                           * run): prefetch past m too */
 };
+
+/* The rows a call may prefetch: m, or with RMS_PF_PAST every row ahead. */
+#define RMS_PF_M(m, flags) ((flags) & RMS_PF_PAST ? SIZE_MAX : (m))
 
 /* Whether the kernels store the partial cache lines at the ends of a streamed row non-temporally
  * too (x86-64: rms_nt_bytes in rows_impl.h; every 32- and 64-bit row, 16-bit rows that start and
@@ -124,6 +129,9 @@ typedef struct {
     /* Whether the backward prefetches 16-bit rows into L1 on CPUs where that measured faster (see
      * rms_cpu_near_16). */
     int near_bwd_16;
+    /* Whole 64-byte lines from src to dst (both on lines) with this family's streaming stores,
+     * unfenced (see line_rows in driver.c); NULL where it has none. */
+    void (*stream_lines)(void *dst, const void *src, size_t lines);
 } rms_isa_table;
 
 extern const rms_isa_table rms_isa_scalar;

@@ -99,4 +99,4 @@ static inline void widen_ps(float64x2_t *l, float64x2_t *h, float32x4_t v) {
 const rms_isa_table rms_isa_neon = {
     "neon",
     {RMS_ENTRY(f32_neon), RMS_ENTRY(f64_neon), RMS_ENTRY(f16_neon), RMS_ENTRY(bf16_neon)},
-    8192, 0, SIZE_MAX, 0};
+    8192, 0, SIZE_MAX, 0, NULL};

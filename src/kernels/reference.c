@@ -50,6 +50,12 @@ void rms_copy_span(void *dst, const void *src, size_t bytes, int stream, int pre
     memcpy(dst, src, bytes);
 }
 
+void rms_stream_fence(void) {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
 #define RMS_TRIAD(T)                                                                           \
     do {                                                                                       \
         T *d = (T *)dst;                                                                       \

@@ -13,5 +13,7 @@
  * faster as the roofline. */
 void rms_copy_span(void *dst, const void *src, size_t bytes, int stream, int prefetch);
 void rms_triad_span(void *dst, const void *a, const void *b, size_t n, int f64, int stream);
+/* Orders the streaming stores before it (SFENCE on x86) before the stores after it. */
+void rms_stream_fence(void);
 
 #endif

@@ -984,7 +984,7 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
                             const C *rstd, size_t i, size_t m, size_t k, size_t d, int pm,
                             int flags, const int hasw, const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs;
-    const T *pf = FN(row_ahead)(x, xs, i, d, m);
+    const T *pf = FN(row_ahead)(x, xs, i, d, RMS_PF_M(m, flags));
     T *yr = y + (ptrdiff_t)i * ys;
     size_t head = 0;
     if (!nt || FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head))
@@ -1139,7 +1139,7 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, cons
             FN(fwd_row)(x, xs, y, ys, w, rstd, i, m, k, 0, RMS_PF_L2, flags, hasw, before, 1);
         } else {
             const V vr = V_SET(rstd[i]);
-            const T *pf = FN(row_ahead)(x, xs, i, d, m);
+            const T *pf = FN(row_ahead)(x, xs, i, d, RMS_PF_M(m, flags));
 #define RMS_CHUNK(c, n, hd) FN(fwd_chunk)(xr, yr, w, vr, c, n, hd, pf, hasw, before)
             RMS_FUSE_PASS(sa, xn, NULL, NULL, one, k, RMS_SQ, head, RMS_CHUNK);
 #undef RMS_CHUNK
