@@ -297,6 +297,7 @@ static double load_c(const void *arr, size_t i, int f64) {
 #define RMS_LINE_16_MIN 128
 #define RMS_LINE_16_MAX 256
 #define RMS_LINED (1 << 24) /* the driver's own flag, never passed to the kernels */
+enum { LINE_FWD, LINE_ADD, LINE_BWD }; /* the passes, for lined */
 
 /* Rows [r0, r1) of a kernel call into outputs out[] (packed rows). */
 typedef void (*rows_fn)(const void *ctx, size_t r0, size_t r1, char *const *out);
@@ -543,29 +544,37 @@ static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size
     return k * es >= min_row || (lines && k * es >= lines_min) || (edges && k * es >= edge_min);
 }
 
-/* Whether the output p (rows of k elements, stride apart, `bytes` in all) goes through the line
- * buffer (line_rows): on Intel CPUs (rms_cpu_stream_edges) with a family that streams, too large
- * for the cache, packed, not on lines, and with rows of 16 bits of RMS_LINE_16_MIN to
- * RMS_LINE_16_MAX bytes (and no shorter than the family streams rows on lines; at 256 bytes
- * ahead of the partial lines' rule in streamable), or in the backward, rows of 32 and 64 bits of
- * RMS_LINE_MIN bytes or more that are not streamed (under RMS_STREAM_ROW_EDGE_BWD). 2-core Xeon,
- * AVX-512, into empty_like, two builds alternating in one process, each pair in both orders, new
- * time over old at one / two threads: bfloat16 1M x 64 forward 0.78 / 0.77, add 0.62 / 0.62,
- * backward 0.76 / 0.75; 524288x128 forward 0.90 / 0.91, add 0.94 / 0.94, backward 0.66 / 0.67;
- * float32 backward 1M x 64 0.60 / 0.64, 2M x 32 0.76 / 0.76, 699050x96 0.72 / 0.71; float64 1M x
- * 32 0.65 / 0.63. Slower with it, and left out: 16-bit rows of 64 bytes (bfloat16 2M x 32 forward
- * 1.10, add 1.05, backward 1.04), of 1 KiB (1.06 to 1.10 against the partial lines' rule), the
- * AVX2 kernels' 16-bit rows (1.04 to 1.07), the float32 forward and add (1M x 64, 1.09 and 1.12)
- * and float32 backward rows of 32 bytes (8M x 8, 2.3). See benchmarks/NOTES.md. */
-static int lined(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes, int bwd) {
+/* Whether the output p (rows of k elements, stride apart, `bytes` in all) of a pass (LINE_FWD,
+ * LINE_ADD or LINE_BWD) goes through the line buffer (line_rows): on Intel CPUs
+ * (rms_cpu_stream_edges) with a family that streams, too large for the cache, packed and not on
+ * lines, with rows that gained on both Xeons measured: the add's 16-bit rows of RMS_LINE_16_MIN
+ * to RMS_LINE_16_MAX bytes, the forward's of RMS_LINE_16_MAX (ahead of the partial lines' rule in
+ * streamable), no shorter than the family streams 16-bit rows on lines, and the backward's 32-
+ * and 64-bit rows of RMS_LINE_MIN bytes up to those it streams (RMS_STREAM_ROW_EDGE_BWD). Into
+ * empty_like, two builds (or the choice) alternating in one process, each pair in both orders,
+ * new time over old. 2-core Xeon, AVX-512, one / two threads: bfloat16 add 1M x 64 0.62 / 0.62,
+ * 524288x128 0.94 / 0.94, forward 524288x128 0.90 / 0.91; float16 add 1M x 64 0.75 / 0.74;
+ * float32 backward 1M x 64 0.60 / 0.64, 2M x 32 0.76 / 0.76, 699050x96 0.72 / 0.71; float64
+ * 1M x 32 0.65 / 0.63. 16-core Xeon, 1 / 4 / 16 threads: bfloat16 add 1M x 64 0.89 / 0.93 /
+ * 0.85, 524288x128 0.68 / 0.63 / 0.57, forward 524288x128 0.74 / 0.51 / 0.62; float32 backward
+ * 1M x 64 0.85 / 0.81 / 0.86, 699050x96 0.85 / 0.86 / 0.83; float64 1M x 32 0.87 / 0.83 / 0.80.
+ * Left out: the 16-bit forward's shorter rows and the 16-bit backward, which gained on the
+ * 2-core Xeon but not on the 16-core one (bfloat16 forward 1M x 64 0.78 / 0.77 there, 1.04 to
+ * 1.14 here at 1 and 4 threads; backward 1M x 64 0.76 / 0.75 there, 0.94 / 1.07 / 0.98 here,
+ * 524288x128 0.66 / 0.67 there, 1.11 / 1.11 / 1.04 here); 16-bit rows of 64 bytes (bfloat16 2M
+ * x 32 forward 1.10, add 1.05 on the 2-core Xeon) and of 1 KiB (1.06 to 1.10 against the partial
+ * lines' rule); the AVX2 kernels' 16-bit rows (1.04 to 1.07); the float32 forward and add (1M x
+ * 64, 1.09 and 1.12); float32 backward rows of 32 bytes (8M x 8, 2.3). See benchmarks/NOTES.md. */
+static int lined(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes, int pass) {
     const rms_isa_table *isa = rms_isa_current();
     size_t rb = k * es;
     if (!(RMS_NT_EDGES && isa->stream_lines && rms_cpu_stream_edges() && bytes >= stream_bytes &&
           stride == (ptrdiff_t)k && (uintptr_t)p % 64 != 0 && (uintptr_t)p % es == 0))
         return 0;
     if (es == 2)
-        return rb >= RMS_LINE_16_MIN && rb <= RMS_LINE_16_MAX && rb >= isa->stream_row_16;
-    return bwd && rb >= RMS_LINE_MIN && rb < RMS_STREAM_ROW_EDGE_BWD;
+        return pass != LINE_BWD && rb <= RMS_LINE_16_MAX && rb >= isa->stream_row_16 &&
+               rb >= (pass == LINE_ADD ? RMS_LINE_16_MIN : RMS_LINE_16_MAX);
+    return pass == LINE_BWD && rb >= RMS_LINE_MIN && rb < RMS_STREAM_ROW_EDGE_BWD;
 }
 
 void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
@@ -577,8 +586,9 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
                 (a->k * es >= rms_cpu_fuse_16(0) ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
-    if (lined(a->y, a->ys, a->k, es, bytes, 0) &&
-        (!a->r || (lined(a->h, a->hs, a->k, es, bytes, 0) &&
+    int pass = a->r ? LINE_ADD : LINE_FWD;
+    if (lined(a->y, a->ys, a->k, es, bytes, pass) &&
+        (!a->r || (lined(a->h, a->hs, a->k, es, bytes, pass) &&
                    (uintptr_t)a->h % 64 == (uintptr_t)a->y % 64))) {
         flags |= RMS_LINED;
     } else if (streamable(a->y, a->ys, a->k, es, bytes, min_row, 0) &&
@@ -834,7 +844,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
     if (rms_cpu_pairs(a->k * es, es,
                       rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
         flags |= RMS_ROW_PAIRS;
-    if (lined(a->dx, a->dxs, a->k, es, total * es, 1))
+    if (lined(a->dx, a->dxs, a->k, es, total * es, LINE_BWD))
         flags |= RMS_LINED;
     else if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW,
                         RMS_STREAM_ROW_EDGE_BWD))
