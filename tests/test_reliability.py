@@ -432,10 +432,8 @@ def test_fusing_16_bit_rows_does_not_change_results():
     assert np.array_equal(runs[0], runs[1])
 
 
-LINE_PROBE = """
-import sys, ml_dtypes, numpy as np, rmsnorm
-rng = np.random.default_rng(4)
-out = []
+# Outputs in buffers of sentinel bytes, for the probes below.
+OUT_HELPERS = """
 SENTINEL = 0x5A
 def at(shape, dt, shift):
     # a packed output `shift` elements past a cache line, in a buffer of sentinel bytes
@@ -446,7 +444,31 @@ def at(shape, dt, shift):
 def check(buf, start, a):  # no byte stored outside the output, before it or after it
     end = start + a.nbytes
     assert (buf[:start] == SENTINEL).all() and (buf[end:] == SENTINEL).all(), (a.shape, a.dtype)
-# rows of 64 to 508 bytes, enough of them that each of two threads takes several batches of the
+def calls(x, r, g, rstd, dt, shift):
+    # the forward, the backward with and without a weight, and the add, each output checked
+    by, y, sy = at(x.shape, dt, shift)
+    _, ry = rmsnorm.rms_norm(x, g, out=y)
+    bd, dx, sd = at(x.shape, dt, shift)
+    _, dg = rmsnorm.rms_norm_backward(r, x, g, rstd, out=dx)
+    bz, dz, sz = at(x.shape, dt, shift)
+    rmsnorm.rms_norm_backward(r, x, None, rstd, out=dz)
+    ba, ya, sa = at(x.shape, dt, shift)
+    bh, h, sh = at(x.shape, dt, shift)
+    _, ra, _ = rmsnorm.add_rms_norm(x, r, g, out=ya, residual_out=h)
+    for b, s, a in ((by, sy, y), (bd, sd, dx), (bz, sz, dz), (ba, sa, ya), (bh, sh, h)):
+        check(b, s, a)
+    return y, ry, dx, dg, dz, ya, ra, h
+def keep(out, arrays):  # every NaN as one NaN
+    for a in arrays:
+        a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
+        out.append(a.ravel().view(np.uint8))
+"""
+
+LINE_PROBE = """
+import sys, ml_dtypes, numpy as np, rmsnorm
+rng = np.random.default_rng(4)
+out = []
+""" + OUT_HELPERS + """# rows of 64 to 508 bytes, enough of them that each of two threads takes several batches of the
 # line buffer, the threads' shares starting and ending inside rows
 shapes = {np.float16: ((601, 64), (601, 65), (401, 96), (301, 128)),
           ml_dtypes.bfloat16: ((601, 64), (301, 128), (601, 127)),
@@ -465,29 +487,14 @@ for isa in rmsnorm.available_isas():
             for shift in (1, 3, 8):
                 for t in (1, 2):
                     rmsnorm.set_num_threads(t)
-                    by, y, sy = at(x.shape, dt, shift)
-                    rmsnorm.rms_norm(x, g, out=y)
-                    check(by, sy, y)
-                    bd, dx, sd = at(x.shape, dt, shift)
-                    rmsnorm.rms_norm_backward(r, x, g, rstd, out=dx)
-                    check(bd, sd, dx)
-                    bz, dz, sz = at(x.shape, dt, shift)
-                    rmsnorm.rms_norm_backward(r, x, None, rstd, out=dz)
-                    check(bz, sz, dz)
-                    ba, ya, sa = at(x.shape, dt, shift)
-                    bh, h, sh = at(x.shape, dt, shift)
-                    rmsnorm.add_rms_norm(x, r, g, out=ya, residual_out=h)
-                    check(ba, sa, ya)
-                    check(bh, sh, h)
+                    y, _, dx, _, dz, ya, _, h = calls(x, r, g, rstd, dt, shift)
                     bx, xi, sx = at(x.shape, dt, shift)
                     br, ri, sr = at(x.shape, dt, shift)
                     xi[...], ri[...] = x, r  # in place: y over x, h over r
                     rmsnorm.add_rms_norm(xi, ri, g, out=xi, residual_out=ri)
                     check(bx, sx, xi)
                     check(br, sr, ri)
-                    for a in (y, dx, dz, ya, h, xi, ri):  # every NaN as one NaN
-                        a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
-                        out.append(a.ravel().view(np.uint8))
+                    keep(out, (y, dx, dz, ya, h, xi, ri))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
 
@@ -502,6 +509,49 @@ def test_line_buffer_does_not_change_results():
     dtype, offset within a line (and one on a line), one thread or two: the same bits either
     way, and no byte stored outside the output, however the threads' shares cut the rows."""
     runs = outputs_under_env(LINE_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)
+    assert runs[0].size > 0
+    assert np.array_equal(runs[0], runs[1])
+
+
+BACK_PROBE = """
+import os
+os.environ["RMSNORM_STREAM_BYTES"] = "{stream}"
+import sys, ml_dtypes, numpy as np, rmsnorm
+rng = np.random.default_rng(5)
+out = []
+""" + OUT_HELPERS + """
+for isa in rmsnorm.available_isas():
+    rmsnorm.set_isa(isa)
+    for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
+        # rows of several 16 KiB blocks and a ragged one; one row (a piece a thread), a few rows
+        # (whole rows and pieces), many rows
+        for m, k in ((1, 24577), (3, 12289), (40, 8200)):
+            x = rng.standard_normal((m, k)).astype(dt)
+            x[-1, k // 3] = 0 if m == 1 else np.nan  # a row that takes the slow path
+            if m > 1:
+                x[0] = 0
+            r = rng.standard_normal((m, k)).astype(dt)
+            g = rng.uniform(0.5, 1.5, k).astype(dt)
+            _, rstd = rmsnorm.rms_norm(x, g)
+            for shift in (0, 3):
+                for t in (1, 2):
+                    rmsnorm.set_num_threads(t)
+                    keep(out, calls(x, r, g, rstd, dt, shift))
+sys.stdout.buffer.write(np.concatenate(out).tobytes())
+"""
+
+
+@pytest.mark.parametrize("stream", ["0", str(1 << 62)], ids=["streamed", "plain"])
+def test_long_rows_backwards_do_not_change_results(stream):
+    """The second pass over a long row piece goes backwards, a block of 16 KiB of the output at a
+    time, where the first pass read it last: the forward's long rows and its pieces (a row split
+    across threads), the backward's single rows and pieces, the add's staged pieces. From 1 MiB by
+    default; RMSNORM_BACK_BYTES=0 takes that path for every row here, a huge value for none. Every
+    ISA and dtype, rows of several blocks and a ragged one, outputs on a line and off it,
+    streamed and stored plainly, one thread or two: the same bits either way, and no byte
+    stored outside the output."""
+    probe = BACK_PROBE.replace("{stream}", stream)
+    runs = outputs_under_env(probe, "RMSNORM_BACK_BYTES", ("0", str(1 << 62)), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])
 
