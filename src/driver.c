@@ -303,11 +303,14 @@ static double load_c(const void *arr, size_t i, int f64) {
  * on its lines. The same bits either way. 2-core Xeon, AVX-512, two choices alternating in one
  * process, each pair in both orders, new time over old at one / two threads: forward float32
  * 1x1048576 0.93 / 0.90, 64x524288 0.78 / 0.77, 128x262144 0.76 / 0.78, bfloat16 1x1048576 0.91 /
- * 0.97, 64x524288 0.81 / 0.88; backward 1x1048576 float32 0.97 / 0.91, bfloat16 0.94 / 0.85.
- * Left forwards: rows of 64 KiB to 512 KiB from memory, which lose the prefetch of the rows ahead
- * (forward float32 1024x32768 1.26 / 1.29, bfloat16 64x262144 1.01 / 1.06), the backward's runs
- * of whole rows, fused across rows (float32 64x524288 1.08 / 1.08), and pieces read before other
- * rows in the first pass (float32 3x1000000 at two threads 1.06).
+ * 0.97, 64x524288 0.81 / 0.88; backward 1x1048576 float32 0.97 / 0.91, bfloat16 0.94 / 0.85;
+ * add float32 1x1048576 0.96 / 0.94, 2x524288 0.83 / 0.92, bfloat16 1x1048576 0.87 / 0.95,
+ * 2x524288 0.73 / 0.78, and streamed, float32 64x524288 0.82 / 0.78, 128x262144 0.79 / 0.74,
+ * bfloat16 64x524288 0.84 / 0.88. Left forwards: rows of 64 KiB to 512 KiB from memory, which
+ * lose the prefetch of the rows ahead (forward float32 1024x32768 1.26 / 1.29, bfloat16
+ * 64x262144 1.01 / 1.06), the backward's runs of whole rows, fused across rows (float32
+ * 64x524288 1.08 / 1.08), and pieces read before other rows in the first pass (float32
+ * 3x1000000 at two threads 1.06).
  * Returns where the block that ends at element `end` of a piece of n elements starts: 0 for a
  * piece that goes forwards in one call (back 0, or a short piece). The blocks run `for (e = n;
  * e > 0; e = b) { b = back_start(e, n, ...); ...(b, e); }`. */
@@ -454,8 +457,10 @@ static double rstd_of(const rms_kernels *kt, const char *x, const char *res, dou
     return f64 ? r : (double)(float)r;
 }
 
-/* Rows [r0, r1) of back_bytes or more, without a residual: the sum, then the scale backwards
- * (the same bits as fwd_rows). */
+/* Rows [r0, r1) of back_bytes or more: the sum, then the scale backwards (the same bits as
+ * fwd_rows). The add's rows stage h first, as its pieces do, or where h and y stream (at one
+ * offset within a line, so that the blocks start on lines of both), sum x + r, then store both
+ * backwards. */
 static void fwd_long(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, size_t r1,
                      int flags, size_t es) {
     int f64 = a->dtype == RMS_F64;
@@ -463,12 +468,29 @@ static void fwd_long(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, si
     for (size_t i = r0; i < r1; i++) {
         const char *x = AT(a->x, i, a->xs, 0, es);
         char *y = AT(a->y, i, a->ys, 0, es);
-        double r = rstd_of(kt, x, NULL, kt->sumsq(x, k), k, a->eps, f64);
+        double ss;
+        const char *res = NULL;
+        char *h = NULL;
+        if (a->r && (flags & RMS_STREAM)) {
+            res = AT(a->r, i, a->rs, 0, es);
+            h = AT(a->h, i, a->hs, 0, es);
+            ss = kt->add_sumsq(x, res, k);
+        } else if (a->r) { /* then scale h, which add_stage stored */
+            h = AT(a->h, i, a->hs, 0, es);
+            ss = kt->add_stage(x, AT(a->r, i, a->rs, 0, es), h, k);
+            x = h;
+        } else {
+            ss = kt->sumsq(x, k);
+        }
+        double r = rstd_of(kt, x, res, ss, k, a->eps, f64);
         store_c(a->rstd, i, r, f64);
         for (size_t e = k, b; e > 0; e = b) {
             b = back_start(e, k, y, es, 1);
-            kt->scale(x + b * es, y + b * es, a->w ? (const char *)a->w + b * ws : NULL, r, e - b,
-                      flags);
+            const char *wb = a->w ? (const char *)a->w + b * ws : NULL;
+            if (res)
+                kt->add_scale(x + b * es, res + b * es, h + b * es, y + b * es, wb, r, e - b, flags);
+            else
+                kt->scale(x + b * es, y + b * es, wb, r, e - b, flags);
         }
     }
 }
@@ -476,7 +498,8 @@ static void fwd_long(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, si
 /* The forward's rows [r0, r1) of one thread. */
 static void fwd_any(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, size_t r1,
                     int flags, size_t es) {
-    if (!a->r && a->k * es >= back_bytes && !(flags & RMS_LINED))
+    if (a->k * es >= back_bytes && !(flags & RMS_LINED) &&
+        (!a->r || !(flags & RMS_STREAM) || (uintptr_t)a->h % 64 == (uintptr_t)a->y % 64))
         fwd_long(kt, a, r0, r1, flags, es);
     else
         fwd_rows(kt, a, r0, r1, flags, es, csize(a->dtype));

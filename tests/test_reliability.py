@@ -445,7 +445,8 @@ def check(buf, start, a):  # no byte stored outside the output, before it or aft
     end = start + a.nbytes
     assert (buf[:start] == SENTINEL).all() and (buf[end:] == SENTINEL).all(), (a.shape, a.dtype)
 def calls(x, r, g, rstd, dt, shift):
-    # the forward, the backward with and without a weight, and the add, each output checked
+    # the forward, the backward with and without a weight, the add, and the add in place, each
+    # output checked
     by, y, sy = at(x.shape, dt, shift)
     _, ry = rmsnorm.rms_norm(x, g, out=y)
     bd, dx, sd = at(x.shape, dt, shift)
@@ -455,9 +456,15 @@ def calls(x, r, g, rstd, dt, shift):
     ba, ya, sa = at(x.shape, dt, shift)
     bh, h, sh = at(x.shape, dt, shift)
     _, ra, _ = rmsnorm.add_rms_norm(x, r, g, out=ya, residual_out=h)
-    for b, s, a in ((by, sy, y), (bd, sd, dx), (bz, sz, dz), (ba, sa, ya), (bh, sh, h)):
+    bx, xi, sx = at(x.shape, dt, shift)
+    br, ri, sr = at(x.shape, dt, shift)
+    xi[...], ri[...] = x, r  # in place: y over x, h over r
+    rmsnorm.add_rms_norm(xi, ri, g, out=xi, residual_out=ri)
+    outs = ((by, sy, y), (bd, sd, dx), (bz, sz, dz), (ba, sa, ya), (bh, sh, h), (bx, sx, xi),
+            (br, sr, ri))
+    for b, s, a in outs:
         check(b, s, a)
-    return y, ry, dx, dg, dz, ya, ra, h
+    return y, ry, dx, dg, dz, ya, ra, h, xi, ri
 def keep(out, arrays):  # every NaN as one NaN
     for a in arrays:
         a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
@@ -487,13 +494,7 @@ for isa in rmsnorm.available_isas():
             for shift in (1, 3, 8):
                 for t in (1, 2):
                     rmsnorm.set_num_threads(t)
-                    y, _, dx, _, dz, ya, _, h = calls(x, r, g, rstd, dt, shift)
-                    bx, xi, sx = at(x.shape, dt, shift)
-                    br, ri, sr = at(x.shape, dt, shift)
-                    xi[...], ri[...] = x, r  # in place: y over x, h over r
-                    rmsnorm.add_rms_norm(xi, ri, g, out=xi, residual_out=ri)
-                    check(bx, sx, xi)
-                    check(br, sr, ri)
+                    y, _, dx, _, dz, ya, _, h, xi, ri = calls(x, r, g, rstd, dt, shift)
                     keep(out, (y, dx, dz, ya, h, xi, ri))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
@@ -545,8 +546,8 @@ sys.stdout.buffer.write(np.concatenate(out).tobytes())
 def test_long_rows_backwards_do_not_change_results(stream):
     """The second pass over a long row piece goes backwards, a block of 16 KiB of the output at a
     time, where the first pass read it last: the forward's long rows and its pieces (a row split
-    across threads), the backward's single rows and pieces, the add's staged pieces. From 1 MiB by
-    default; RMSNORM_BACK_BYTES=0 takes that path for every row here, a huge value for none. Every
+    across threads), the backward's single rows and pieces, the add's long rows (h staged, or
+    streamed beside y) and staged pieces. From 1 MiB by default; RMSNORM_BACK_BYTES=0 takes that path for every row here, a huge value for none. Every
     ISA and dtype, rows of several blocks and a ragged one, outputs on a line and off it,
     streamed and stored plainly, one thread or two: the same bits either way, and no byte
     stored outside the output."""
