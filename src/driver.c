@@ -302,8 +302,8 @@ static double load_c(const void *arr, size_t i, int f64) {
  * blocks end on multiples of RMS_BACK_BLK bytes of the output, so streamed blocks start and end
  * on its lines. The same bits either way. 2-core Xeon, AVX-512, two choices alternating in one
  * process, each pair in both orders, new time over old at one / two threads: forward float32
- * 1x1048576 0.93 / 0.90, 64x524288 0.78 / 0.77, 128x262144 0.76 / 0.78, bfloat16 1x1048576 0.91 /
- * 0.97, 64x524288 0.81 / 0.88; backward 1x1048576 float32 0.97 / 0.91, bfloat16 0.94 / 0.85;
+ * 1x1048576 0.93 / 0.90, 64x524288 0.78 / 0.77, 128x262144 0.76 / 0.78, bfloat16 1x1048576 0.90 /
+ * 1.00, 64x524288 0.81 / 0.88; backward 1x1048576 float32 0.97 / 0.91, bfloat16 0.93 / 0.86;
  * add float32 1x1048576 0.96 / 0.94, 2x524288 0.83 / 0.92, bfloat16 1x1048576 0.87 / 0.95,
  * 2x524288 0.73 / 0.78, and streamed, float32 64x524288 0.82 / 0.78, 128x262144 0.79 / 0.74,
  * bfloat16 64x524288 0.84 / 0.88. Left forwards: rows of 64 KiB to 512 KiB from memory, which
