@@ -26,11 +26,8 @@ enum {
     RMS_NEAR_16 = 512,    /* backward: 16-bit rows of up to 2 KiB are prefetched into L1,
                            * 16 KiB ahead (FN(near)) */
     RMS_PF_PAST = 1024    /* the inputs' rows go on past the m of the call (a batch of a longer
-                           * run): prefetch past m too */
+                           * run): prefetch past m too (FN(row_ahead)) */
 };
-
-/* The rows a call may prefetch: m, or with RMS_PF_PAST every row ahead. */
-#define RMS_PF_M(m, flags) ((flags) & RMS_PF_PAST ? SIZE_MAX : (m))
 
 /* Whether the kernels store the partial cache lines at the ends of a streamed row non-temporally
  * too (x86-64: rms_nt_bytes in rows_impl.h; every 32- and 64-bit row, 16-bit rows that start and

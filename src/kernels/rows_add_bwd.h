@@ -25,11 +25,11 @@ static void FN(add_scale)(const void *x, const void *r, void *h, void *y, const 
 
 RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                             ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, const C *rstd,
-                            size_t i, size_t m, size_t k, size_t d, int pm, const int hasw,
-                            const int before, const int nt) {
+                            size_t i, size_t m, size_t k, size_t d, int pm, int flags,
+                            const int hasw, const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs, *rr = r + (ptrdiff_t)i * rs;
     T *hr = h + (ptrdiff_t)i * hs, *yr = y + (ptrdiff_t)i * ys;
-    const T *px = FN(row_ahead)(x, xs, i, d, m), *pr = FN(row_ahead)(r, rs, i, d, m);
+    const T *px = FN(row_ahead)(x, xs, i, d, m, flags), *pr = FN(row_ahead)(r, rs, i, d, m, flags);
     size_t head;
     V vr = V_SET(rstd[i]);
     if (nt && FN(plan_stream)(yr, hr, k, RMS_STREAM, &head))
@@ -169,9 +169,8 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
             n = rms_group_rows(i, m, g);
             for (size_t j = 0; j < n; j++)
                 sa[j] = FN(stage_row)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs,
-                                      cur + j * k, k,
-                                      FN(row_ahead)(x, xs, i + j, pf1, RMS_PF_M(m, flags)),
-                                      FN(row_ahead)(r, rs, i + j, pf1, RMS_PF_M(m, flags)));
+                                      cur + j * k, k, FN(row_ahead)(x, xs, i + j, pf1, m, flags),
+                                      FN(row_ahead)(r, rs, i + j, pf1, m, flags));
         }
         FN(rstds)(sa, rstd + i, n, cur, (ptrdiff_t)k, NULL, 0, k, eps, inv_k);
         size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
@@ -179,10 +178,9 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
             if (j < n2)
                 sa[j] = FN(stage_row)(x + (ptrdiff_t)(next + j) * xs,
                                       r + (ptrdiff_t)(next + j) * rs, nxt + j * k, k, NULL, NULL);
-            FN(staged_row)(cur + j * k, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys, w,
-                           rstd[i + j], k, FN(row_ahead)(x, xs, i + j, pf2, RMS_PF_M(m, flags)),
-                           FN(row_ahead)(r, rs, i + j, pf2, RMS_PF_M(m, flags)), flags, hasw,
-                           before, nt);
+            FN(staged_row)(cur + j * k, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys,
+                           w, rstd[i + j], k, FN(row_ahead)(x, xs, i + j, pf2, m, flags),
+                           FN(row_ahead)(r, rs, i + j, pf2, m, flags), flags, hasw, before, nt);
         }
         n = n2;
     }
@@ -200,8 +198,8 @@ RMS_INLINE void FN(add_long)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
     for (size_t i = 0; i < m; i++) {
         T *hr = h + (ptrdiff_t)i * hs;
         A sa = FN(stage_row)(x + (ptrdiff_t)i * xs, r + (ptrdiff_t)i * rs, hr, k,
-                             FN(row_ahead)(x, xs, i, d, RMS_PF_M(m, flags)),
-                             FN(row_ahead)(r, rs, i, d, RMS_PF_M(m, flags)));
+                             FN(row_ahead)(x, xs, i, d, m, flags),
+                             FN(row_ahead)(r, rs, i, d, m, flags));
         FN(rstds)(&sa, rstd + i, 1, hr, hs, NULL, 0, k, eps, inv_k);
         /* the forward's second pass over row i of h, with no prefetch (d = 0) */
         FN(fwd_row)(h, hs, y, ys, w, rstd, i, m, k, 0, RMS_PF_L2, flags, hasw, before, nt);
@@ -246,8 +244,8 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
             if (j < n2)
                 sa[j] = FN(reduce_a)(x + (ptrdiff_t)(next + j) * xs,
                                      r + (ptrdiff_t)(next + j) * rs, NULL, (C)1, k, RMS_ADDSQ);
-            FN(add_row)(x, xs, r, rs, h, hs, y, ys, w, rstd, i + j, RMS_PF_M(m, flags), k, d, pm,
-                        hasw, before, nt);
+            FN(add_row)(x, xs, r, rs, h, hs, y, ys, w, rstd, i + j, m, k, d, pm, flags, hasw,
+                        before, nt);
         }
         n = n2;
     }
@@ -272,11 +270,11 @@ RMS_INLINE void FN(add_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
         if (!xn || !FN(plan_stream)(yr, hr, k, RMS_STREAM, &head)) {
             if (xn)
                 sa = FN(reduce_a)(xn, rn, NULL, (C)1, k, RMS_ADDSQ);
-            FN(add_row)(x, xs, r, rs, h, hs, y, ys, w, rstd, i, RMS_PF_M(m, flags), k, d, RMS_PF_L2,
-                        hasw, before, 1);
+            FN(add_row)(x, xs, r, rs, h, hs, y, ys, w, rstd, i, m, k, d, RMS_PF_L2, flags, hasw,
+                        before, 1);
         } else {
-            const T *px = FN(row_ahead)(x, xs, i, d, RMS_PF_M(m, flags)),
-                    *pr = FN(row_ahead)(r, rs, i, d, RMS_PF_M(m, flags));
+            const T *px = FN(row_ahead)(x, xs, i, d, m, flags),
+                    *pr = FN(row_ahead)(r, rs, i, d, m, flags);
             const V vr = V_SET(rstd[i]);
 #define RMS_CHUNK(c, n, hd)                                                                        \
     FN(add_span)(xr + (c), rr + (c), hr + (c), yr + (c), hasw ? W_AT(w, (c), hasw) : NULL, vr, n, \
@@ -446,8 +444,8 @@ RMS_INLINE void FN(bwd_row)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs
                             const int hasdg, const int nt) {
     const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
     T *dxr = dx + (ptrdiff_t)i * dxs;
-    const T *pdy = FN(row_ahead)(dy, dys, i, d, RMS_PF_M(m, flags)),
-            *px = FN(row_ahead)(x, xs, i, d, RMS_PF_M(m, flags));
+    const T *pdy = FN(row_ahead)(dy, dys, i, d, m, flags);
+    const T *px = FN(row_ahead)(x, xs, i, d, m, flags);
     size_t head = 0;
     if (nt && !FN(plan_stream)(dxr, NULL, k, RMS_STREAM, &head))
         FN(bwd)(dyr, xr, w, dxr, rstd[i], c, dg, k, flags & ~RMS_STREAM);
@@ -601,8 +599,8 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
         } else {
             const T *dyn = dyr + dys, *xn = xr + xs;
             const V vr = V_SET(rstd[i]), vnc = V_SET((C)-c), vrn = V_SET(rstd[i + 1]);
-            const T *pdy = FN(row_ahead)(dy, dys, i, d, RMS_PF_M(m, flags)),
-                    *px = FN(row_ahead)(x, xs, i, d, RMS_PF_M(m, flags));
+            const T *pdy = FN(row_ahead)(dy, dys, i, d, m, flags),
+                    *px = FN(row_ahead)(x, xs, i, d, m, flags);
 #define RMS_CHUNK(c, n, hd)                                                                        \
     FN(bwd_chunk)(dyr, xr, w, dxr, dg, vr, vnc, c, n, hd, pdy, px, pf, hasw, hasdg)
             RMS_FUSE_PASS(sa, dyn, xn, w, vrn, k, kind, head, RMS_CHUNK);

@@ -572,9 +572,11 @@ static inline int FN(near)(size_t k, const int pass, int flags) {
 }
 
 /* Row i + d of a (stride s), the row to prefetch, or NULL when there is none (d == 0: no
- * prefetch, or i + d >= m: past the last row). */
-RMS_INLINE const T *FN(row_ahead)(const T *a, ptrdiff_t s, size_t i, size_t d, size_t m) {
-    return d && i + d < m ? a + (ptrdiff_t)(i + d) * s : NULL;
+ * prefetch, or i + d >= m: past the last row, unless the rows go on past the call's m:
+ * RMS_PF_PAST in flags). */
+RMS_INLINE const T *FN(row_ahead)(const T *a, ptrdiff_t s, size_t i, size_t d, size_t m,
+                                  int flags) {
+    return d && (i + d < m || (flags & RMS_PF_PAST)) ? a + (ptrdiff_t)(i + d) * s : NULL;
 }
 
 /* The prefetch mode of a pass over rows of k elements (see FN(near)). With RMS_HW_PREFETCH, the
@@ -984,7 +986,7 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
                             const C *rstd, size_t i, size_t m, size_t k, size_t d, int pm,
                             int flags, const int hasw, const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs;
-    const T *pf = FN(row_ahead)(x, xs, i, d, RMS_PF_M(m, flags));
+    const T *pf = FN(row_ahead)(x, xs, i, d, m, flags);
     T *yr = y + (ptrdiff_t)i * ys;
     size_t head = 0;
     if (!nt || FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head))
@@ -1139,7 +1141,7 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, cons
             FN(fwd_row)(x, xs, y, ys, w, rstd, i, m, k, 0, RMS_PF_L2, flags, hasw, before, 1);
         } else {
             const V vr = V_SET(rstd[i]);
-            const T *pf = FN(row_ahead)(x, xs, i, d, RMS_PF_M(m, flags));
+            const T *pf = FN(row_ahead)(x, xs, i, d, m, flags);
 #define RMS_CHUNK(c, n, hd) FN(fwd_chunk)(xr, yr, w, vr, c, n, hd, pf, hasw, before)
             RMS_FUSE_PASS(sa, xn, NULL, NULL, one, k, RMS_SQ, head, RMS_CHUNK);
 #undef RMS_CHUNK
