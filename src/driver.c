@@ -457,6 +457,27 @@ static double rstd_of(const rms_kernels *kt, const char *x, const char *res, dou
     return f64 ? r : (double)(float)r;
 }
 
+/* The forward's second pass over columns [c0, c0 + n) of a row whose first element x, residual
+ * res, h and y start at: y = x * r * w (and h), or with res, h = x + res too; in blocks
+ * backwards for long pieces (back_start). */
+static void scale_piece(const rms_kernels *kt, const rms_fwd_args *a, const char *x,
+                        const char *res, char *h, char *y, size_t c0, size_t n, double r,
+                        int flags, int back) {
+    size_t es = rms_esize(a->dtype), ws = wsize(a->dtype, a->flags);
+    x += c0 * es;
+    y += c0 * es;
+    const char *w = a->w ? (const char *)a->w + c0 * ws : NULL;
+    for (size_t e = n, b; e > 0; e = b) {
+        b = back_start(e, n, y, es, back);
+        const char *wb = w ? w + b * ws : NULL;
+        if (res)
+            kt->add_scale(x + b * es, res + (c0 + b) * es, h + (c0 + b) * es, y + b * es, wb, r,
+                          e - b, flags & ~RMS_LINED);
+        else
+            kt->scale(x + b * es, y + b * es, wb, r, e - b, flags & ~RMS_LINED);
+    }
+}
+
 /* Rows [r0, r1) of back_bytes or more: the sum, then the scale backwards (the same bits as
  * fwd_rows). The add's rows stage h first, as its pieces do, or where h and y stream (at one
  * offset within a line, so that the blocks start on lines of both), sum x + r, then store both
@@ -464,7 +485,7 @@ static double rstd_of(const rms_kernels *kt, const char *x, const char *res, dou
 static void fwd_long(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, size_t r1,
                      int flags, size_t es) {
     int f64 = a->dtype == RMS_F64;
-    size_t k = a->k, ws = wsize(a->dtype, a->flags);
+    size_t k = a->k;
     for (size_t i = r0; i < r1; i++) {
         const char *x = AT(a->x, i, a->xs, 0, es);
         char *y = AT(a->y, i, a->ys, 0, es);
@@ -484,14 +505,7 @@ static void fwd_long(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, si
         }
         double r = rstd_of(kt, x, res, ss, k, a->eps, f64);
         store_c(a->rstd, i, r, f64);
-        for (size_t e = k, b; e > 0; e = b) {
-            b = back_start(e, k, y, es, 1);
-            const char *wb = a->w ? (const char *)a->w + b * ws : NULL;
-            if (res)
-                kt->add_scale(x + b * es, res + b * es, h + b * es, y + b * es, wb, r, e - b, flags);
-            else
-                kt->scale(x + b * es, y + b * es, wb, r, e - b, flags);
-        }
+        scale_piece(kt, a, x, res, h, y, 0, k, r, flags, 1);
     }
 }
 
@@ -540,21 +554,10 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
         double r = rstd_of(kt, x, res, row_sum(j->sh, nt, p->row), k, a->eps, f64);
         if (p->c0 == 0) /* exactly one sharer holds the start of the row */
             store_c(a->rstd, p->row, r, f64);
-        const char *w = a->w ? (const char *)a->w + p->c0 * wsize(a->dtype, a->flags) : NULL;
-        char *y = AT(a->y, p->row, a->ys, p->c0, es);
-        char *h = res ? AT(a->h, p->row, a->hs, p->c0, es) : NULL;
-        size_t n = p->c1 - p->c0, ws = wsize(a->dtype, a->flags);
-        int back = one_piece(&j->sh[t]);
-        x += p->c0 * es;
-        for (size_t e = n, b; e > 0; e = b) {
-            b = back_start(e, n, y, es, back && !res); /* (the add's h and y: forwards) */
-            const char *wb = w ? w + b * ws : NULL;
-            if (res)
-                kt->add_scale(x + b * es, res + (p->c0 + b) * es, h + b * es, y + b * es, wb, r,
-                              e - b, j->flags & ~RMS_LINED);
-            else
-                kt->scale(x + b * es, y + b * es, wb, r, e - b, j->flags & ~RMS_LINED);
-        }
+        /* (the add's h and y, which may lie at different offsets within a line: forwards) */
+        scale_piece(kt, a, x, res, res ? AT(a->h, p->row, a->hs, 0, es) : NULL,
+                    AT(a->y, p->row, a->ys, 0, es), p->c0, p->c1 - p->c0, r, j->flags,
+                    one_piece(&j->sh[t]) && !res);
     }
 }
 
