@@ -469,6 +469,22 @@ def keep(out, arrays):  # every NaN as one NaN
     for a in arrays:
         a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
         out.append(a.ravel().view(np.uint8))
+def cases(shapes, shifts, mark):
+    # every ISA, dtype and shape (x given rows that take the slow path by mark), output offset
+    # and one thread or two: what calls returns, in turn
+    for isa in rmsnorm.available_isas():
+        rmsnorm.set_isa(isa)
+        for dt, dims in shapes.items():
+            for m, k in dims:
+                x = rng.standard_normal((m, k)).astype(dt)
+                mark(x)
+                r = rng.standard_normal((m, k)).astype(dt)
+                g = rng.uniform(0.5, 1.5, k).astype(dt)
+                _, rstd = rmsnorm.rms_norm(x, g)
+                for shift in shifts:
+                    for t in (1, 2):
+                        rmsnorm.set_num_threads(t)
+                        yield calls(x, r, g, rstd, dt, shift)
 """
 
 LINE_PROBE = """
@@ -481,21 +497,11 @@ shapes = {np.float16: ((601, 64), (601, 65), (401, 96), (301, 128)),
           ml_dtypes.bfloat16: ((601, 64), (301, 128), (601, 127)),
           np.float32: ((2051, 16), (1025, 64), (401, 96), (301, 127)),
           np.float64: ((1025, 32), (601, 63))}
-for isa in rmsnorm.available_isas():
-    rmsnorm.set_isa(isa)
-    for dt, dims in shapes.items():
-        for m, k in dims:
-            x = rng.standard_normal((m, k)).astype(dt)
-            x[5] = 0  # rows that take the slow path
-            x[77, k // 2] = np.nan
-            r = rng.standard_normal((m, k)).astype(dt)
-            g = rng.uniform(0.5, 1.5, k).astype(dt)
-            _, rstd = rmsnorm.rms_norm(x, g)
-            for shift in (1, 3, 8):
-                for t in (1, 2):
-                    rmsnorm.set_num_threads(t)
-                    y, _, dx, _, dz, ya, _, h, xi, ri = calls(x, r, g, rstd, dt, shift)
-                    keep(out, (y, dx, dz, ya, h, xi, ri))
+def mark(x):  # rows that take the slow path
+    x[5] = 0
+    x[77, x.shape[1] // 2] = np.nan
+for y, _, dx, _, dz, ya, _, h, xi, ri in cases(shapes, (1, 3, 8), mark):
+    keep(out, (y, dx, dz, ya, h, xi, ri))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
 
@@ -521,23 +527,17 @@ import sys, ml_dtypes, numpy as np, rmsnorm
 rng = np.random.default_rng(5)
 out = []
 """ + OUT_HELPERS + """
-for isa in rmsnorm.available_isas():
-    rmsnorm.set_isa(isa)
-    for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
-        # rows of several 16 KiB blocks and a ragged one; one row (a piece a thread), a few rows
-        # (whole rows and pieces), many rows
-        for m, k in ((1, 24577), (3, 12289), (40, 8200)):
-            x = rng.standard_normal((m, k)).astype(dt)
-            x[-1, k // 3] = 0 if m == 1 else np.nan  # a row that takes the slow path
-            if m > 1:
-                x[0] = 0
-            r = rng.standard_normal((m, k)).astype(dt)
-            g = rng.uniform(0.5, 1.5, k).astype(dt)
-            _, rstd = rmsnorm.rms_norm(x, g)
-            for shift in (0, 3):
-                for t in (1, 2):
-                    rmsnorm.set_num_threads(t)
-                    keep(out, calls(x, r, g, rstd, dt, shift))
+# rows of several 16 KiB blocks and a ragged one; one row (a piece a thread), a few rows (whole
+# rows and pieces), many rows
+dims = ((1, 24577), (3, 12289), (40, 8200))
+def mark(x):  # rows that take the slow path
+    m, k = x.shape
+    x[-1, k // 3] = 0 if m == 1 else np.nan
+    if m > 1:
+        x[0] = 0
+dts = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
+for outs in cases({dt: dims for dt in dts}, (0, 3), mark):
+    keep(out, outs)
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
 
@@ -547,10 +547,10 @@ def test_long_rows_backwards_do_not_change_results(stream):
     """The second pass over a long row piece goes backwards, a block of 16 KiB of the output at a
     time, where the first pass read it last: the forward's long rows and its pieces (a row split
     across threads), the backward's single rows and pieces, the add's long rows (h staged, or
-    streamed beside y) and staged pieces. From 1 MiB by default; RMSNORM_BACK_BYTES=0 takes that path for every row here, a huge value for none. Every
-    ISA and dtype, rows of several blocks and a ragged one, outputs on a line and off it,
-    streamed and stored plainly, one thread or two: the same bits either way, and no byte
-    stored outside the output."""
+    streamed beside y) and staged pieces. From 1 MiB by default; RMSNORM_BACK_BYTES=0 takes that
+    path for every row here, a huge value for none. Every ISA and dtype, rows of several blocks
+    and a ragged one, outputs on a line and off it, streamed and stored plainly, one thread or
+    two: the same bits either way, and no byte stored outside the output."""
     probe = BACK_PROBE.replace("{stream}", stream)
     runs = outputs_under_env(probe, "RMSNORM_BACK_BYTES", ("0", str(1 << 62)), np.uint8)
     assert runs[0].size > 0
