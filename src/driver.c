@@ -280,6 +280,90 @@ static void run_team(int nt, int phases, phase_fn fn, void *job, const rms_pool 
     }
 }
 
+/* Bytes between the threads' partial dgamma rows, which start on a page (RMS_DG_ALIGN): whole
+ * pages, and RMS_DG_GAP more, so that no two threads' rows share a page, nor a line (each row is
+ * updated once per row of x), nor lie on neighbouring pages. Rows that shared a page, in pairs of
+ * lines, ran slower at two threads than at one: the CPU's stream prefetcher, which runs ahead
+ * within a page, fetched the lines of the next thread's row as this thread went through its own,
+ * and the two cores took those lines from each other on every row. 2-core Xeon, two threads,
+ * page-aligned arrays, two builds alternating in one process, each pair in both orders, rows on
+ * pages of their own (no page between) over rows a pair of lines apart: bfloat16 262144x256
+ * 0.65 (1.65 -> 1.04 of a triad), 131072x512 0.78, float16 262144x256 0.63, float32 262144x256
+ * 0.95; rows of 4 KiB or more, whose pitch was already whole pages, 0.96 to 1.03. 16-core Xeon,
+ * 4 / 16 threads: bfloat16 262144x256 0.65 / 0.77, 131072x512 0.75 / 0.85, float16 262144x256
+ * 0.65 / 0.74, float32 262144x256 0.92 / 0.96.
+ * Rows on neighbouring pages still slowed each other, less with each page between them up to two
+ * (the prefetchers also fetch ahead into the next page): two threads on the 2-core Xeon, two
+ * builds alternating as above, two pages between the rows over none: bfloat16 65536x1024 0.87,
+ * 16384x4096 0.90, 8192x8192 0.94, float16 65536x1024 0.82, float32 0.97 to 0.99, rows under 4
+ * KiB 1.00 (one page between over none: bfloat16 65536x1024 0.90, 16384x4096 0.95; 16 pages over
+ * two: 1.00); 16-core Xeon, 4 / 16 threads: bfloat16 65536x1024 0.87 / 0.92, 16384x4096 0.96 /
+ * 0.99-1.10, 8192x8192 0.97 / 0.96, float16 65536x1024 0.79 / 0.86, float32 0.96 / 0.99. */
+#define RMS_DG_ALIGN 4096
+#define RMS_DG_GAP 8192
+static size_t dg_pitch(size_t k, size_t cs) {
+    return (k * cs + RMS_DG_ALIGN - 1) / RMS_DG_ALIGN * RMS_DG_ALIGN + RMS_DG_GAP;
+}
+
+/* The line at p, which follows the part of a row of the driver's own (a member's weight row or
+ * partial dgamma row, dg_pitch apart) that the member wrote, zeroed. The kernels' masked loads
+ * at the end of a row read up to a vector past it, with the lanes past it masked off; where
+ * that is the page after (a row that ends on one), nothing else may have touched that page, it
+ * is then not mapped, and every such load takes a microcode assist. 2-core Xeon, bfloat16
+ * 8192x2048 (float32 weight and dgamma rows of 8 KiB), outputs 16 bytes past a page, against
+ * the build before the members' own weight rows, two builds alternating in one process, both
+ * orders: forward at one thread 1.22 of its time without the line zeroed, 1.00 with it;
+ * backward at two threads 1.27 without it in the dgamma rows too, 1.00 with it. */
+static void touch_after(char *p) { memset(p, 0, 64); }
+
+/* ---------------------------------------------------------------- members' own weight rows
+ * With RMS_W_OWN, w holds x's 16-bit type, and each member of the team widens w_offset + w into
+ * a float row of its own, on pages of its own (dg_pitch apart), in its first phase. A weight
+ * widened once by the calling thread and read by every member cost each call the transfer of
+ * its lines from the caller's core to the others, and their invalidation back on the next
+ * call's widening: 4 to 5 us a call on the 2-core Xeon at two threads, against 0.7 us for the
+ * widening itself. The same Xeon, bfloat16, page-aligned inputs and outputs 16 bytes past a
+ * page, two builds alternating in one process, each pair in both orders, widened by the caller
+ * -> by each member, one / two threads: forward 8x4096 0.90 / 0.56, 64x4096 0.98 / 0.79,
+ * 16x8191 0.90 / 0.56; add 8x4096 0.94 / 0.60, 64x4096 0.98 / 0.90, 16x8191 0.96 / 0.69;
+ * backward 8x4096 0.88 / 0.82, 64x4096 0.95 / 0.86, 16x8191 1.00 / 0.91; float16 64x4096
+ * forward 0.98 / 0.76, backward 0.91 / 0.89. Rows from memory 0.96 to 1.03 (8192x2048 to
+ * 65536x1024; backward 1024x4096 1.04 / 1.02, which another harness measured 0.96 / 1.08). */
+typedef struct {
+    const rms_kernels *kt;
+    const void *src; /* the weight, x's storage type */
+    double offset;
+    size_t k, pitch;
+    char *rows; /* [members x pitch] */
+} own_w;
+
+/* Returns 0 (o->rows NULL without RMS_W_OWN), or -1 when the rows could not be allocated. */
+static int own_w_open(own_w *o, const rms_kernels *kt, const void *w, double offset, size_t k,
+                      int flags, int members) {
+    *o = (own_w){kt, w, offset, k, dg_pitch(k, sizeof(float)), NULL};
+    if (!(flags & RMS_W_OWN) || !w)
+        return 0;
+    void *p = NULL;
+    if (posix_memalign(&p, RMS_DG_ALIGN, (size_t)members * o->pitch))
+        return -1;
+    o->rows = p;
+    return 0;
+}
+
+/* Member t's weight into *w (its own row, which it widens in phase 0; w as it is without own
+ * rows), and RMS_W_OWN off in *flags. */
+static void own_w_take(const own_w *o, int t, int phase, const void **w, int *flags) {
+    *flags &= ~RMS_W_OWN;
+    if (!o->rows)
+        return;
+    char *row = o->rows + (size_t)t * o->pitch;
+    if (phase == 0) {
+        o->kt->widen(o->src, row, o->offset, o->k);
+        touch_after(row + o->k * sizeof(float));
+    }
+    *w = row;
+}
+
 #define AT(p, row, stride, col, es)                                                            \
     ((char *)(p) + ((ptrdiff_t)(row) * (stride) + (ptrdiff_t)(col)) * (ptrdiff_t)(es))
 
@@ -432,6 +516,7 @@ typedef struct {
     const rms_kernels *kt;
     const rms_fwd_args *a;
     int flags;
+    own_w ow;
     share sh[RMS_MAX_THREADS];
 } fwd_job;
 
@@ -522,7 +607,9 @@ static void fwd_any(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, siz
 static void fwd_phase(void *job, int t, int nt, int phase) {
     fwd_job *j = job;
     const rms_kernels *kt = j->kt;
-    const rms_fwd_args *a = j->a;
+    rms_fwd_args mine = *j->a; /* with member t's weight */
+    own_w_take(&j->ow, t, phase, &mine.w, &mine.flags);
+    const rms_fwd_args *a = &mine;
     size_t es = rms_esize(a->dtype), k = a->k;
     int f64 = a->dtype == RMS_F64;
     if (phase == 0) {
@@ -678,12 +765,12 @@ static int lined(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t by
     return pass == LINE_BWD && rb >= RMS_LINE_MIN && rb < RMS_STREAM_ROW_EDGE_BWD;
 }
 
-void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
-                 const rms_pool *pool) {
+int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
+                const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
     if (total == 0)
-        return;
-    int flags = a->flags | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
+        return 0;
+    int flags = (a->flags & ~RMS_W_OWN) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
                 (a->k * es >= rms_cpu_fuse_16(0) ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
@@ -703,12 +790,19 @@ void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
             flags |= RMS_ANY_K;
     }
     int nt = team_size(total, pool_threads(pool, nthreads));
+    own_w ow;
+    if (own_w_open(&ow, kt, a->w, a->w_offset, a->k, a->flags, nt) < 0)
+        return -1;
     if (nt <= 1) {
-        fwd_any(kt, a, 0, a->m, flags, es);
-        return;
+        rms_fwd_args mine = *a;
+        own_w_take(&ow, 0, 0, &mine.w, &mine.flags);
+        fwd_any(kt, &mine, 0, a->m, flags, es);
+    } else {
+        fwd_job j = {kt, a, flags, ow, {{0}}};
+        run_team(nt, 2, fwd_phase, &j, pool);
     }
-    fwd_job j = {kt, a, flags, {{0}}};
-    run_team(nt, 2, fwd_phase, &j, pool);
+    free(ow.rows);
+    return 0;
 }
 
 /* Backward. Each thread accumulates dgamma into its own row of a [threads x k] buffer over the
@@ -782,31 +876,6 @@ static void touched(const share *s, size_t k, size_t *lo, size_t *hi) {
     }
 }
 
-/* Bytes between the threads' partial dgamma rows, which start on a page (RMS_DG_ALIGN): whole
- * pages, and RMS_DG_GAP more, so that no two threads' rows share a page, nor a line (each row is
- * updated once per row of x), nor lie on neighbouring pages. Rows that shared a page, in pairs of
- * lines, ran slower at two threads than at one: the CPU's stream prefetcher, which runs ahead
- * within a page, fetched the lines of the next thread's row as this thread went through its own,
- * and the two cores took those lines from each other on every row. 2-core Xeon, two threads,
- * page-aligned arrays, two builds alternating in one process, each pair in both orders, rows on
- * pages of their own (no page between) over rows a pair of lines apart: bfloat16 262144x256
- * 0.65 (1.65 -> 1.04 of a triad), 131072x512 0.78, float16 262144x256 0.63, float32 262144x256
- * 0.95; rows of 4 KiB or more, whose pitch was already whole pages, 0.96 to 1.03. 16-core Xeon,
- * 4 / 16 threads: bfloat16 262144x256 0.65 / 0.77, 131072x512 0.75 / 0.85, float16 262144x256
- * 0.65 / 0.74, float32 262144x256 0.92 / 0.96.
- * Rows on neighbouring pages still slowed each other, less with each page between them up to two
- * (the prefetchers also fetch ahead into the next page): two threads on the 2-core Xeon, two
- * builds alternating as above, two pages between the rows over none: bfloat16 65536x1024 0.87,
- * 16384x4096 0.90, 8192x8192 0.94, float16 65536x1024 0.82, float32 0.97 to 0.99, rows under 4
- * KiB 1.00 (one page between over none: bfloat16 65536x1024 0.90, 16384x4096 0.95; 16 pages over
- * two: 1.00); 16-core Xeon, 4 / 16 threads: bfloat16 65536x1024 0.87 / 0.92, 16384x4096 0.96 /
- * 0.99-1.10, 8192x8192 0.97 / 0.96, float16 65536x1024 0.79 / 0.86, float32 0.96 / 0.99. */
-#define RMS_DG_ALIGN 4096
-#define RMS_DG_GAP 8192
-static size_t dg_pitch(size_t k, size_t cs) {
-    return (k * cs + RMS_DG_ALIGN - 1) / RMS_DG_ALIGN * RMS_DG_ALIGN + RMS_DG_GAP;
-}
-
 /* d[lo..hi) += s[lo..hi): with restrict pointers of their own, so that the compiler need not
  * reload them after every store (the build does not assume strict aliasing) and vectorizes the
  * loop. */
@@ -844,6 +913,7 @@ typedef struct {
     const rms_bwd_args *a;
     char *dg_rows; /* the [threads x k] partial dgamma rows, or NULL without a weight */
     int flags;
+    own_w ow;
     share sh[RMS_MAX_THREADS];
 } bwd_job;
 
@@ -852,7 +922,9 @@ typedef struct {
 static void bwd_phase(void *job, int t, int nt, int phase) {
     bwd_job *j = job;
     const rms_kernels *kt = j->kt;
-    const rms_bwd_args *a = j->a;
+    rms_bwd_args mine = *j->a; /* with member t's weight */
+    own_w_take(&j->ow, t, phase, &mine.w, &mine.flags);
+    const rms_bwd_args *a = &mine;
     size_t es = rms_esize(a->dtype), cs = csize(a->dtype), k = a->k;
     int f64 = a->dtype == RMS_F64;
     char *dg = j->dg_rows ? j->dg_rows + (size_t)t * dg_pitch(k, cs) : (char *)a->dgamma;
@@ -861,8 +933,10 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
         if (j->dg_rows) {
             size_t lo, hi;
             touched(&s, k, &lo, &hi);
-            if (hi > lo)
+            if (hi > lo) {
                 memset(dg + lo * cs, 0, (hi - lo) * cs);
+                touch_after(dg + hi * cs);
+            }
         }
         for (int i = 0; i < 2; i++) {
             piece *p = &s.p[i];
@@ -899,11 +973,14 @@ typedef struct {
     const rms_bwd_args *a;
     double *dots; /* [nt x m]: member t's dot products of the rows over its columns */
     int flags;
+    own_w ow;
 } cols_job;
 
 static void cols_phase(void *job, int t, int nt, int phase) {
     cols_job *j = job;
-    const rms_bwd_args *a = j->a;
+    rms_bwd_args mine = *j->a; /* with member t's weight */
+    own_w_take(&j->ow, t, phase, &mine.w, &mine.flags);
+    const rms_bwd_args *a = &mine;
     size_t es = rms_esize(a->dtype), lo, hi;
     int f64 = a->dtype == RMS_F64;
     chunk(a->k, t, nt, 32, &lo, &hi);
@@ -943,6 +1020,39 @@ static int split_columns(const rms_bwd_args *a, int nt) {
            a->m * cols * es * 2 <= ((size_t)1 << 20);
 }
 
+/* The backward on nt members that split the columns (cols_phase). */
+static int bwd_cols(const rms_kernels *kt, const rms_bwd_args *a, int nt, int flags,
+                    const own_w *ow, const rms_pool *pool) {
+    double *dots = malloc(a->m * (size_t)nt * sizeof(double));
+    if (!dots)
+        return -1;
+    cols_job j = {kt, a, dots, flags, *ow};
+    run_team(nt, 2, cols_phase, &j, pool);
+    free(dots);
+    return 0;
+}
+
+/* The backward on nt members that split the rows (bwd_phase), or on the calling thread. */
+static int bwd_split(const rms_kernels *kt, const rms_bwd_args *a, int nt, int flags,
+                     const own_w *ow, const rms_pool *pool) {
+    size_t cs = csize(a->dtype), es = rms_esize(a->dtype);
+    if (a->m > 1 && a->dgamma)
+        memset(a->dgamma, 0, a->k * cs);
+    if (nt <= 1) {
+        rms_bwd_args mine = *a;
+        own_w_take(ow, 0, 0, &mine.w, &mine.flags);
+        bwd_rows(kt, &mine, 0, a->m, a->dgamma, es, cs, flags);
+        return 0;
+    }
+    void *dg_rows = NULL;
+    if (a->dgamma && posix_memalign(&dg_rows, RMS_DG_ALIGN, (size_t)nt * dg_pitch(a->k, cs)))
+        return -1;
+    bwd_job j = {kt, a, (char *)dg_rows, flags, *ow, {{0}}};
+    run_team(nt, dg_rows ? 3 : 2, bwd_phase, &j, pool);
+    free(dg_rows);
+    return 0;
+}
+
 /* Whether consecutive rows s elements of es bytes apart start within 256 bytes of the same
  * offset in a 4 KiB page. */
 static int rows_alias(ptrdiff_t s, size_t es) {
@@ -971,7 +1081,7 @@ static int rows_alias(ptrdiff_t s, size_t es) {
  * 4096x12288 1.01 / 1.00; float64 4096x8192 0.86-1.11 / 1.05, 8192x4096 1.01 / 1.02). */
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
-    size_t total = a->m * a->k, cs = csize(a->dtype), es = rms_esize(a->dtype);
+    size_t total = a->m * a->k, es = rms_esize(a->dtype);
     int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
                 (a->k * es >= rms_cpu_fuse_16(1) ? RMS_FUSE_16 : 0) |
                 (rms_cpu_near_16() ? RMS_NEAR_16 : 0);
@@ -990,33 +1100,18 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
             memset(a->dgamma, 0, a->k * dg_size(a));
         return 0;
     }
-    int nt = team_size(total, pool_threads(pool, nthreads));
+    int nt = team_size(total, pool_threads(pool, nthreads)), cols = 0;
     if (nt > 1 && a->dgamma && split_columns(a, nt)) {
         if ((size_t)nt > a->k / 32) /* members get 32 columns or more */
             nt = (int)(a->k / 32);
-        if (nt > 1) {
-            double *dots = malloc(a->m * (size_t)nt * sizeof(double));
-            if (!dots)
-                return -1;
-            cols_job j = {kt, a, dots, flags};
-            run_team(nt, 2, cols_phase, &j, pool);
-            free(dots);
-            return 0;
-        }
+        cols = nt > 1;
     }
-    if (a->m > 1 && a->dgamma)
-        memset(a->dgamma, 0, a->k * cs);
-    if (nt <= 1) {
-        bwd_rows(kt, a, 0, a->m, a->dgamma, es, cs, flags);
-        return 0;
-    }
-    void *dg_rows = NULL;
-    if (a->dgamma && posix_memalign(&dg_rows, RMS_DG_ALIGN, (size_t)nt * dg_pitch(a->k, cs)))
+    own_w ow;
+    if (own_w_open(&ow, kt, a->w, a->w_offset, a->k, a->flags, nt > 1 ? nt : 1) < 0)
         return -1;
-    bwd_job j = {kt, a, (char *)dg_rows, flags, {{0}}};
-    run_team(nt, dg_rows ? 3 : 2, bwd_phase, &j, pool);
-    free(dg_rows);
-    return 0;
+    int rc = cols ? bwd_cols(kt, a, nt, flags, &ow, pool) : bwd_split(kt, a, nt, flags, &ow, pool);
+    free(ow.rows);
+    return rc;
 }
 
 /* Weight conversions: gamma is as long as a row, so for one long row it costs as much as the

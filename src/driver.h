@@ -7,9 +7,15 @@
 #include "../rmsnorm/rms_capi.h"
 #include "kernels/kernels.h"
 
+/* A flag of rms_fwd_args and rms_bwd_args only, which never reaches the kernels: w holds x's
+ * 16-bit storage type (rows of up to RMS_W_OWN_K elements), and each member of the team widens
+ * w_offset + w into a float row of its own before its rows (own_w in driver.c). */
+#define RMS_W_OWN (1 << 20)
+#define RMS_W_OWN_K 8192
+
 /* Forward (and residual add when r != NULL). Strides are in elements; rstd is in the compute
  * type (double for F64, float otherwise); w may be NULL, else in the compute type, or in x's
- * storage type with RMS_W_STORAGE in flags (offset 0). */
+ * storage type with RMS_W_STORAGE in flags (offset 0) or with RMS_W_OWN (offset w_offset). */
 typedef struct {
     int dtype, flags;
     size_t m, k;
@@ -24,12 +30,13 @@ typedef struct {
     const void *w;
     void *rstd;
     double eps;
+    double w_offset; /* with RMS_W_OWN */
 } rms_fwd_args;
 
-/* Backward. dgamma (k entries, compute type) is NULL when there is no weight; w as in
- * rms_fwd_args. flags: RMS_W_STORAGE, and RMS_DG_NARROW for one row (m == 1) of a 16-bit type,
- * whose dgamma then has that type (each term rounded to it once, as a narrowing of the
- * compute-type row would round it). */
+/* Backward. dgamma (k entries, compute type) is NULL when there is no weight; w and w_offset as
+ * in rms_fwd_args. flags: RMS_W_STORAGE or RMS_W_OWN, and RMS_DG_NARROW for one row (m == 1) of
+ * a 16-bit type, whose dgamma then has that type (each term rounded to it once, as a narrowing
+ * of the compute-type row would round it). */
 typedef struct {
     int dtype, flags;
     size_t m, k;
@@ -42,12 +49,16 @@ typedef struct {
     const void *w;
     const void *rstd;
     void *dgamma;
+    double w_offset;
 } rms_bwd_args;
 
-/* pool: run the team on the caller's thread pool (see rms_pool) instead of OpenMP, or NULL. */
-void rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
-                 const rms_pool *pool);
-/* Returns 0, or -1 when the per-thread dgamma rows could not be allocated (nothing written). */
+/* pool: run the team on the caller's thread pool (see rms_pool) instead of OpenMP, or NULL.
+ * Returns 0, or -1 when the members' weight rows (RMS_W_OWN) could not be allocated (nothing
+ * written). */
+int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
+                const rms_pool *pool);
+/* Returns 0, or -1 when the per-thread dgamma rows or the members' weight rows could not be
+ * allocated (nothing written). */
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool);
 

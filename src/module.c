@@ -463,8 +463,9 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
 /* A 16-bit gamma of x's own dtype (offset 0) goes to the kernels as it is, widened as it is
  * read, for fewer than STORAGE_WEIGHT_ROWS rows or rows of the ISA's storage_weight_k (8192)
  * elements or more.
- * Widening it first costs a pass over a row's worth of weights and a new array, which a few rows
- * do not pay back, and a float32 weight of 32 KiB or more no longer sits in L1 beside the row.
+ * Widening it first costs a pass over a row's worth of weights (and, for rows longer than
+ * RMS_W_OWN_K, a new array), which a few rows do not pay back, and a float32 weight of 32 KiB or
+ * more no longer sits in L1 beside the row.
  * bfloat16, one thread, widened first -> as it is: 1 x 4096 forward 1.65 -> 0.94 us, backward
  * 3.08 -> 2.34 us; 1 x 1048576 forward 610 -> 282 us; 256 x 8192 forward 361 -> 349 us. Many
  * short rows read the widened copy from L1 again and again: 64 x 4096 forward 34 -> 39 us the
@@ -488,7 +489,8 @@ static int storage_weight(int code, size_t rows, size_t k) {
 /* offset + gamma as a contiguous array of the compute type, or NULL with *w = NULL for none.
  * When gamma's own compute type is x's (every pairing but float64 with a narrower type), the
  * kernels of gamma's dtype convert it; otherwise NumPy casts it. Or (see above) a 16-bit gamma
- * of x's dtype as it is, with *wflags = RMS_W_STORAGE (else 0). */
+ * of x's dtype as it is, with *wflags = RMS_W_STORAGE; or, for rows of up to RMS_W_OWN_K
+ * elements, with *wflags = RMS_W_OWN, for the driver to widen offset + gamma (else 0). */
 static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int code, double offset,
                         PyArrayObject **g, PyArrayObject **w, int *wflags) {
     int gcode;
@@ -505,8 +507,10 @@ static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int co
     npy_intp k = PyArray_SIZE(*g);
     int storage = gcode == code && offset == 0.0 && k > 0 &&
                   storage_weight(code, (size_t)(PyArray_SIZE(x) / k), (size_t)k);
-    if (storage || (gcode == (tn == NPY_DOUBLE ? RMS_F64 : RMS_F32) && offset == 0.0)) {
-        *wflags = storage ? RMS_W_STORAGE : 0;
+    /* the driver widens offset + gamma, each member of the team into a row of its own */
+    int own = !storage && gcode == code && sixteen_bit(code) && k > 0 && k <= RMS_W_OWN_K;
+    if (storage || own || (gcode == (tn == NPY_DOUBLE ? RMS_F64 : RMS_F32) && offset == 0.0)) {
+        *wflags = storage ? RMS_W_STORAGE : own ? RMS_W_OWN : 0;
         *w = (PyArrayObject *)PyArray_FromAny((PyObject *)*g, NULL, 0, 0,
                                               NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
         return *w ? nlead : -1;
@@ -599,14 +603,19 @@ static PyObject *forward(const char *fn, PyObject *xo, PyObject *ro, PyObject *g
     if (!(rstd = new_array(nlead, PyArray_DIMS(x), compute_typenum(code))))
         goto fail;
 
-    rms_fwd_args a = {code, flags | wflags, xv.m, xv.k, xv.data, xv.rs, r ? rv.data : NULL, rv.rs,
+    rms_fwd_args a = {code,  flags | wflags, xv.m, xv.k, xv.data, xv.rs, r ? rv.data : NULL, rv.rs,
                       h.arr ? h.v.data : NULL, h.v.rs, y.v.data, y.v.rs,
-                      w ? PyArray_DATA(w) : NULL, PyArray_DATA(rstd), eps};
+                      w ? PyArray_DATA(w) : NULL, PyArray_DATA(rstd), eps,
+                      (wflags & RMS_W_OWN) ? offset : 0.0};
     const rms_kernels *kt = &rms_isa_current()->k[code];
-    int nthreads = rms_threads_get();
+    int nthreads = rms_threads_get(), rc;
     Py_BEGIN_ALLOW_THREADS
-    rms_forward(kt, &a, nthreads, NULL);
+    rc = rms_forward(kt, &a, nthreads, NULL);
     Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_NoMemory();
+        goto fail;
+    }
 
     if (!(yret = close_out(&y)) || (r && !(hret = close_out(&h))))
         goto fail;
@@ -715,7 +724,7 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     rms_bwd_args a = {code,       wflags,  xv.m,    xv.k,     dyv.data,
                       dyv.rs,     xv.data, xv.rs,    dx.v.data,
                       dx.v.rs,    w ? PyArray_DATA(w) : NULL, PyArray_DATA(rs),
-                      dgc ? PyArray_DATA(dgc) : NULL};
+                      dgc ? PyArray_DATA(dgc) : NULL, (wflags & RMS_W_OWN) ? offset : 0.0};
     const rms_kernels *kt = &rms_isa_current()->k[code];
     int nthreads = rms_threads_get(), rc;
     Py_BEGIN_ALLOW_THREADS
@@ -919,16 +928,17 @@ static int capi_flags(int dtype, int flags, size_t m) {
 static void capi_forward(int dtype, const void *x, const void *w, int flags, void *y, void *rstd,
                          size_t m, size_t k, double eps, const rms_pool *pool) {
     rms_fwd_args a = {dtype, capi_flags(dtype, flags & RMS_W_STORAGE, m), m, k, x, (ptrdiff_t)k,
-                      NULL,  0, NULL, 0, y, (ptrdiff_t)k, w, rstd, eps};
+                      NULL,  0, NULL, 0, y, (ptrdiff_t)k, w, rstd, eps, 0.0};
     advise_output(dtype, y, m * k);
-    rms_forward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
+    /* never fails: without RMS_W_OWN it allocates nothing */
+    (void)rms_forward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
 }
 
 static int capi_backward(int dtype, const void *dy, const void *x, const void *w, int flags,
                          const void *rstd, void *dx, void *dgamma, size_t m, size_t k,
                          const rms_pool *pool) {
     rms_bwd_args a = {dtype,        capi_flags(dtype, flags, m), m,  k,  dy, (ptrdiff_t)k, x,
-                      (ptrdiff_t)k, dx, (ptrdiff_t)k, w, rstd, dgamma};
+                      (ptrdiff_t)k, dx, (ptrdiff_t)k, w, rstd, dgamma, 0.0};
     advise_output(dtype, dx, m * k);
     return rms_backward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
 }

@@ -143,26 +143,32 @@ def test_dgamma_no_16bit_accumulation(dtype, gamma_dtype, each_isa, rng):
     assert np.mean(d == 0) >= 0.9
 
 
+@pytest.mark.parametrize("offset", (0.0, 1.0), ids=lambda o: f"offset{o:g}")
 @pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
 @pytest.mark.parametrize(
-    "shape", ((1, 64), (3, 4101), (7, 33), (12, 33), (12, 8199), (2, 1 << 17)), ids=str
+    "shape",
+    ((1, 64), (3, 4101), (7, 33), (12, 33), (16, 2048), (12, 8199), (2, 1 << 17)),
+    ids=str,
 )
-def test_gamma_of_x_dtype_read_as_it_is(dtype, shape, isa_threads, rng):
-    """A 16-bit gamma of x's dtype is read as it is for few rows or long rows (and widened to a
-    float32 copy first otherwise): either way, bit for bit what its float32 widening gives.
-    (A widened -0 is +0, as when an offset of 0.0 is added to it.)"""
+def test_gamma_of_x_dtype_read_as_it_is(dtype, shape, offset, isa_threads, rng):
+    """A 16-bit gamma of x's dtype is read as it is for few rows or long rows (offset 0), or
+    widened to float32 first: by each thread into a row of its own for rows of up to 8192, by
+    the calling thread past that. Every way, bit for bit what its float32 widening gives.
+    (A widened -0 is +0, as when an offset of 0.0 is added to it.) 16x2048 has float32 weight
+    rows that end on a page."""
     x = oracle.make_x(rng, shape, dtype)
     r = oracle.make_x(rng, shape, dtype, spread=False)
     dy = oracle.make_x(rng, shape, dtype, spread=False)
     gamma = oracle.make_gamma(rng, shape[-1:], dtype)
     gamma[0] = -0.0
-    wide = gamma.astype(F32) + np.float32(0.0)
-    y, rstd = rmsnorm.rms_norm(x, gamma)
+    wide = gamma.astype(F32) + np.float32(offset)
+    y, rstd = rmsnorm.rms_norm(x, gamma, offset=offset)
     y32, rstd32 = rmsnorm.rms_norm(x, wide)
     assert oracle.bits_equal(y, y32) and oracle.bits_equal(rstd, rstd32)
-    for a, b in zip(rmsnorm.add_rms_norm(x, r, gamma), rmsnorm.add_rms_norm(x, r, wide)):
+    fused = rmsnorm.add_rms_norm(x, r, gamma, offset=offset)
+    for a, b in zip(fused, rmsnorm.add_rms_norm(x, r, wide)):
         assert oracle.bits_equal(a, b)
-    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd, offset=offset)
     dx32, dg32 = rmsnorm.rms_norm_backward(dy, x, wide, rstd)
     assert oracle.bits_equal(dx, dx32)
     assert dg.dtype == dtype and oracle.bits_equal(dg, dg32.astype(dtype))
