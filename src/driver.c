@@ -908,6 +908,13 @@ static void reduce_columns(const rms_bwd_args *a, const char *parts, const share
     }
 }
 
+/* dgamma's columns [c0, c1), final, rounded into dgamma_x where the caller asks for it. */
+static void dg_narrow(const rms_kernels *kt, const rms_bwd_args *a, size_t c0, size_t c1) {
+    if (a->dgamma_x && c1 > c0)
+        kt->narrow((const char *)a->dgamma + c0 * csize(a->dtype),
+                   (char *)a->dgamma_x + c0 * rms_esize(a->dtype), c1 - c0);
+}
+
 typedef struct {
     const rms_kernels *kt;
     const rms_bwd_args *a;
@@ -958,8 +965,9 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
                       j->flags, one_piece(&j->sh[t]));
         }
     } else {
-        reduce_columns(a, j->dg_rows, j->sh, nt, k * (size_t)t / (size_t)nt,
-                       k * (size_t)(t + 1) / (size_t)nt);
+        size_t c0 = k * (size_t)t / (size_t)nt, c1 = k * (size_t)(t + 1) / (size_t)nt;
+        reduce_columns(a, j->dg_rows, j->sh, nt, c0, c1);
+        dg_narrow(kt, a, c0, c1);
     }
 }
 
@@ -1004,6 +1012,8 @@ static void cols_phase(void *job, int t, int nt, int phase) {
     }
     if (phase == 0 && dg && !(j->flags & RMS_DG_STORE) && hi > lo)
         memset(dg, 0, (hi - lo) * dg_size(a));
+    if (phase == 1)
+        dg_narrow(j->kt, a, lo, hi);
 }
 
 /* Split the columns for up to 16 rows, or for more when each member's columns are long (1024
@@ -1042,6 +1052,7 @@ static int bwd_split(const rms_kernels *kt, const rms_bwd_args *a, int nt, int f
         rms_bwd_args mine = *a;
         own_w_take(ow, 0, 0, &mine.w, &mine.flags);
         bwd_rows(kt, &mine, 0, a->m, a->dgamma, es, cs, flags);
+        dg_narrow(kt, a, 0, a->k);
         return 0;
     }
     void *dg_rows = NULL;
@@ -1098,6 +1109,8 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
     if (total == 0) {
         if (a->dgamma) /* no rows: dgamma is zeros */
             memset(a->dgamma, 0, a->k * dg_size(a));
+        if (a->dgamma_x)
+            memset(a->dgamma_x, 0, a->k * es);
         return 0;
     }
     int nt = team_size(total, pool_threads(pool, nthreads)), cols = 0;

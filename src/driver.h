@@ -50,6 +50,8 @@ typedef struct {
     const void *rstd;
     void *dgamma;
     double w_offset;
+    void *dgamma_x; /* or NULL: dgamma rounded to x's 16-bit type too, by the members whose
+                     * columns it is (not with RMS_DG_NARROW) */
 } rms_bwd_args;
 
 /* pool: run the team on the caller's thread pool (see rms_pool) instead of OpenMP, or NULL.

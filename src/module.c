@@ -720,11 +720,20 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     if (g && !(dgc = new_array(PyArray_NDIM(g), PyArray_DIMS(g),
                                (wflags & RMS_DG_NARROW) ? PyArray_TYPE(g) : compute_typenum(code))))
         goto fail;
+    /* Rows of a 16-bit x with gamma of its dtype: the threads round their columns of dgamma to
+     * that dtype as they finish them, rather than the calling thread rounding the whole row,
+     * which it would first fetch from their caches */
+    if (g && !(wflags & RMS_DG_NARROW) && sixteen_bit(code) &&
+        dtype_code(PyArray_DESCR(g)) == code &&
+        !(dgret = (PyObject *)new_output(PyArray_DescrFromType(PyArray_TYPE(g)),
+                                          PyArray_NDIM(g), PyArray_DIMS(g))))
+        goto fail;
 
     rms_bwd_args a = {code,       wflags,  xv.m,    xv.k,     dyv.data,
                       dyv.rs,     xv.data, xv.rs,    dx.v.data,
                       dx.v.rs,    w ? PyArray_DATA(w) : NULL, PyArray_DATA(rs),
-                      dgc ? PyArray_DATA(dgc) : NULL, (wflags & RMS_W_OWN) ? offset : 0.0};
+                      dgc ? PyArray_DATA(dgc) : NULL, (wflags & RMS_W_OWN) ? offset : 0.0,
+                      dgret ? PyArray_DATA((PyArrayObject *)dgret) : NULL};
     const rms_kernels *kt = &rms_isa_current()->k[code];
     int nthreads = rms_threads_get(), rc;
     Py_BEGIN_ALLOW_THREADS
@@ -739,6 +748,7 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     if (!g) {
         dgret = Py_None;
         Py_INCREF(dgret);
+    } else if (dgret) { /* rounded by the driver */
     } else if (PyArray_TYPE(g) == PyArray_TYPE(dgc)) {
         dgret = (PyObject *)dgc;
         Py_INCREF(dgret);
@@ -938,7 +948,7 @@ static int capi_backward(int dtype, const void *dy, const void *x, const void *w
                          const void *rstd, void *dx, void *dgamma, size_t m, size_t k,
                          const rms_pool *pool) {
     rms_bwd_args a = {dtype,        capi_flags(dtype, flags, m), m,  k,  dy, (ptrdiff_t)k, x,
-                      (ptrdiff_t)k, dx, (ptrdiff_t)k, w, rstd, dgamma, 0.0};
+                      (ptrdiff_t)k, dx, (ptrdiff_t)k, w, rstd, dgamma, 0.0, NULL};
     advise_output(dtype, dx, m * k);
     return rms_backward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
 }
