@@ -798,7 +798,11 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
         own_w_take(&ow, 0, 0, &mine.w, &mine.flags);
         fwd_any(kt, &mine, 0, a->m, flags, es);
     } else {
-        fwd_job j = {kt, a, flags, ow, {{0}}};
+        fwd_job j; /* sh[t] is member t's to write in phase 0: not zeroed, 20 KiB a call */
+        j.kt = kt;
+        j.a = a;
+        j.flags = flags;
+        j.ow = ow;
         run_team(nt, 2, fwd_phase, &j, pool);
     }
     free(ow.rows);
@@ -1058,7 +1062,12 @@ static int bwd_split(const rms_kernels *kt, const rms_bwd_args *a, int nt, int f
     void *dg_rows = NULL;
     if (a->dgamma && posix_memalign(&dg_rows, RMS_DG_ALIGN, (size_t)nt * dg_pitch(a->k, cs)))
         return -1;
-    bwd_job j = {kt, a, (char *)dg_rows, flags, *ow, {{0}}};
+    bwd_job j; /* sh[t] is member t's to write in phase 0, as in rms_forward */
+    j.kt = kt;
+    j.a = a;
+    j.dg_rows = dg_rows;
+    j.flags = flags;
+    j.ow = *ow;
     run_team(nt, dg_rows ? 3 : 2, bwd_phase, &j, pool);
     free(dg_rows);
     return 0;
