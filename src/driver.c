@@ -305,6 +305,12 @@ static size_t dg_pitch(size_t k, size_t cs) {
     return (k * cs + RMS_DG_ALIGN - 1) / RMS_DG_ALIGN * RMS_DG_ALIGN + RMS_DG_GAP;
 }
 
+/* n rows of k entries of cs bytes, dg_pitch apart, or NULL when out of memory. */
+static char *member_rows(int n, size_t k, size_t cs) {
+    void *p = NULL;
+    return posix_memalign(&p, RMS_DG_ALIGN, (size_t)n * dg_pitch(k, cs)) ? NULL : p;
+}
+
 /* The line at p, which follows the part of a row of the driver's own (a member's weight row or
  * partial dgamma row, dg_pitch apart) that the member wrote, zeroed. The kernels' masked loads
  * at the end of a row read up to a vector past it, with the lanes past it masked off; where
@@ -343,11 +349,7 @@ static int own_w_open(own_w *o, const rms_kernels *kt, const void *w, double off
     *o = (own_w){kt, w, offset, k, dg_pitch(k, sizeof(float)), NULL};
     if (!(flags & RMS_W_OWN) || !w)
         return 0;
-    void *p = NULL;
-    if (posix_memalign(&p, RMS_DG_ALIGN, (size_t)members * o->pitch))
-        return -1;
-    o->rows = p;
-    return 0;
+    return (o->rows = member_rows(members, k, sizeof(float))) ? 0 : -1;
 }
 
 /* Member t's weight into *w (its own row, which it widens in phase 0; w as it is without own
@@ -793,7 +795,7 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
     own_w ow;
     if (own_w_open(&ow, kt, a->w, a->w_offset, a->k, a->flags, nt) < 0)
         return -1;
-    if (nt <= 1) {
+    if (nt <= 1) { /* the rows of fwd_phase's one member, without its split */
         rms_fwd_args mine = *a;
         own_w_take(&ow, 0, 0, &mine.w, &mine.flags);
         fwd_any(kt, &mine, 0, a->m, flags, es);
@@ -1058,9 +1060,8 @@ static int bwd_cols(const rms_kernels *kt, const rms_bwd_args *a, int nt, int fl
     size_t cs = csize(a->dtype), bytes = a->k * cs / (size_t)nt; /* a member's, about */
     int own_dg = a->m > 1 && bytes <= RMS_COLS_OWN_DG && bytes <= a->m * RMS_COLS_OWN_DG_ROW;
     double *dots = malloc(a->m * (size_t)nt * sizeof(double));
-    void *dg_rows = NULL;
-    if (!dots ||
-        (own_dg && posix_memalign(&dg_rows, RMS_DG_ALIGN, (size_t)nt * dg_pitch(a->k, cs)))) {
+    char *dg_rows = NULL;
+    if (!dots || (own_dg && !(dg_rows = member_rows(nt, a->k, cs)))) {
         free(dots);
         return -1;
     }
@@ -1077,15 +1078,15 @@ static int bwd_split(const rms_kernels *kt, const rms_bwd_args *a, int nt, int f
     size_t cs = csize(a->dtype), es = rms_esize(a->dtype);
     if (a->m > 1 && a->dgamma)
         memset(a->dgamma, 0, a->k * cs);
-    if (nt <= 1) {
+    if (nt <= 1) { /* the rows of bwd_phase's one member, without its split */
         rms_bwd_args mine = *a;
         own_w_take(ow, 0, 0, &mine.w, &mine.flags);
         bwd_rows(kt, &mine, 0, a->m, a->dgamma, es, cs, flags);
         dg_narrow(kt, a, 0, a->k);
         return 0;
     }
-    void *dg_rows = NULL;
-    if (a->dgamma && posix_memalign(&dg_rows, RMS_DG_ALIGN, (size_t)nt * dg_pitch(a->k, cs)))
+    char *dg_rows = NULL;
+    if (a->dgamma && !(dg_rows = member_rows(nt, a->k, cs)))
         return -1;
     bwd_job j; /* sh[t] is member t's to write in phase 0, as in rms_forward */
     j.kt = kt;

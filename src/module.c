@@ -603,7 +603,7 @@ static PyObject *forward(const char *fn, PyObject *xo, PyObject *ro, PyObject *g
     if (!(rstd = new_array(nlead, PyArray_DIMS(x), compute_typenum(code))))
         goto fail;
 
-    rms_fwd_args a = {code,  flags | wflags, xv.m, xv.k, xv.data, xv.rs, r ? rv.data : NULL, rv.rs,
+    rms_fwd_args a = {code, flags | wflags, xv.m, xv.k, xv.data, xv.rs, r ? rv.data : NULL, rv.rs,
                       h.arr ? h.v.data : NULL, h.v.rs, y.v.data, y.v.rs,
                       w ? PyArray_DATA(w) : NULL, PyArray_DATA(rstd), eps,
                       (wflags & RMS_W_OWN) ? offset : 0.0};
@@ -713,18 +713,17 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     if (!rs || input_rows(&x, nlead, &xv) < 0 || input_rows(&dy, nlead, &dyv) < 0 ||
         open_out(outo, x, nlead, &dx) < 0)
         goto fail;
-    /* One row of a 16-bit x with gamma of its dtype: the kernels round dgamma to that dtype
-     * as they store it, rather than filling a float32 row as long as x and narrowing it */
-    if (g && xv.m == 1 && sixteen_bit(code) && dtype_code(PyArray_DESCR(g)) == code)
+    /* A 16-bit x with gamma of its dtype: for one row, the kernels round dgamma to that dtype
+     * as they store it, rather than filling a float32 row as long as x and narrowing it; for
+     * more, the threads round their columns of dgamma as they finish them, rather than the
+     * calling thread rounding the whole row, which it would first fetch from their caches */
+    int dg_as_x = g && sixteen_bit(code) && dtype_code(PyArray_DESCR(g)) == code;
+    if (dg_as_x && xv.m == 1)
         wflags |= RMS_DG_NARROW;
     if (g && !(dgc = new_array(PyArray_NDIM(g), PyArray_DIMS(g),
                                (wflags & RMS_DG_NARROW) ? PyArray_TYPE(g) : compute_typenum(code))))
         goto fail;
-    /* Rows of a 16-bit x with gamma of its dtype: the threads round their columns of dgamma to
-     * that dtype as they finish them, rather than the calling thread rounding the whole row,
-     * which it would first fetch from their caches */
-    if (g && !(wflags & RMS_DG_NARROW) && sixteen_bit(code) &&
-        dtype_code(PyArray_DESCR(g)) == code &&
+    if (dg_as_x && !(wflags & RMS_DG_NARROW) &&
         !(dgret = (PyObject *)new_output(PyArray_DescrFromType(PyArray_TYPE(g)),
                                           PyArray_NDIM(g), PyArray_DIMS(g))))
         goto fail;
