@@ -53,7 +53,8 @@ static rms_isa_table avx512; /* rms_isa_avx512, with native bfloat16 rounding wh
 static int n_available;
 static size_t pairs_aliased_min = 0;         /* the shortest aliased rows paired, in bytes */
 static size_t single_min = 0, single_max = 0; /* 32- and 64-bit rows not paired: [min, max) */
-static int hw_prefetch = 0;
+/* rms_cpu_hw_prefetch: rows shorter than this lean on the CPU's own prefetcher. */
+static size_t hw_prefetch_below = 0;
 /* 16-bit rows fused across rows (rms_cpu_fuse_16): in both passes (AMD CPUs), or in the
  * backward only, from the kernel family's fuse_bwd_16 bytes (other x86 CPUs: 1 KiB with AVX-512,
  * 512 bytes with AVX2). Fused against two passes in turn (rows of 8 KiB or more in pairs on
@@ -76,6 +77,15 @@ static int hw_prefetch = 0;
  * 65536x1024 1.15, 1024x32768 1.04). */
 static int fuse_16 = 0, fuse_16_bwd = 0;
 static int stream_edges = 0;
+/* rms_cpu_fuse_32: whether 32- and 64-bit rows may be fused across rows. On an AMD EPYC Zen 5
+ * (2 cores, AVX-512), fused rows took longer than rows in two passes whose second pass prefetches
+ * the rows ahead into L2, at every length the kernels fuse. The same build in one process with
+ * RMSNORM_FUSE_32 on and off, the software prefetch on (RMSNORM_HW_PREFETCH=0), each pair in both
+ * orders, new time over old, one thread: float32 forward 16384x4096 0.67, 65536x1024 0.91,
+ * 32768x2048 0.90; add 65536x1024 0.93, 32768x2048 1.01; backward 1024x32768 0.62, 256x65536
+ * 0.69. 16-bit rows, fused on AMD CPUs, stay fused there (bfloat16 forward 65536x1024 1.12,
+ * float16 forward 16384x4096 1.11, backward 1.08 in two passes). */
+static int fuse_32 = 1;
 static int near_16 = 0;      /* rms_cpu_near_16: on Intel CPUs */
 static int near_16_env = -1; /* RMSNORM_L1_PREFETCH_16, or -1 */
 static const rms_isa_table *current = &rms_isa_scalar;
@@ -87,6 +97,16 @@ static int x86_vendor_is(const char *name) {
     if (!__get_cpuid(0, &a, &r[0], &r[2], &r[1]))
         return 0;
     return memcmp(r, name, 12) == 0;
+}
+
+/* The CPU's family: CPUID leaf 1's base family, plus its extended family where the base is 0xf
+ * (AMD: 0x19 Zen 3 and Zen 4, 0x1a Zen 5). */
+static unsigned x86_family(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    unsigned base = (a >> 8) & 0xf;
+    return base == 0xf ? base + ((a >> 20) & 0xff) : base;
 }
 #endif
 
@@ -101,7 +121,9 @@ int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased) {
            (es < 4 || row_bytes < single_min || row_bytes >= single_max);
 }
 
-int rms_cpu_hw_prefetch(void) { return hw_prefetch; }
+int rms_cpu_hw_prefetch(size_t row_bytes) { return row_bytes < hw_prefetch_below; }
+
+int rms_cpu_fuse_32(void) { return fuse_32; }
 
 size_t rms_cpu_fuse_16(int backward) {
     if (fuse_16)
@@ -122,8 +144,11 @@ void rms_dispatch_init(void) {
      * pairs_aliased_min matters only to kernels that pair rows (32 vector registers: AVX-512),
      * so on CPUs without AVX-512, Zen 3 among them, it changes nothing. */
     const int amd = x86_vendor_is("AuthenticAMD"), intel = x86_vendor_is("GenuineIntel");
-    int amd_avx512 = amd && x86_has_avx512();
-    hw_prefetch = amd_avx512;
+    int amd_avx512 = amd && x86_has_avx512(), zen5 = amd && x86_family() >= 0x1a;
+    /* Zen 4: every row the kernels would prefetch less far than the hardware; Zen 5 and later:
+     * rows under 4 KiB (see rms_cpu_hw_prefetch in dispatch.h). */
+    hw_prefetch_below = !amd_avx512 ? 0 : zen5 ? 4096 : SIZE_MAX;
+    fuse_32 = !zen5;
     fuse_16 = amd;
     fuse_16_bwd = !fuse_16;
     stream_edges = intel;
@@ -135,13 +160,16 @@ void rms_dispatch_init(void) {
         single_max = 131072;
     }
 #endif
-    hw_prefetch = env_switch("RMSNORM_HW_PREFETCH", hw_prefetch);
+    int hw = env_switch("RMSNORM_HW_PREFETCH", -1); /* 1: every row; 0: none */
+    if (hw >= 0)
+        hw_prefetch_below = hw ? SIZE_MAX : 0;
     int fuse = env_switch("RMSNORM_FUSE_16", -1); /* 1: every 16-bit row; 0: none */
     if (fuse >= 0) {
         fuse_16 = fuse;
         fuse_16_bwd = 0;
     }
     stream_edges = env_switch("RMSNORM_STREAM_EDGES", stream_edges);
+    fuse_32 = env_switch("RMSNORM_FUSE_32", fuse_32);
     near_16_env = env_switch("RMSNORM_L1_PREFETCH_16", -1);
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512()) {

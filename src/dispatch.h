@@ -20,10 +20,14 @@ const rms_isa_table *rms_isa_current(void);
  * AMD CPUs with AVX-512 (Zen 4 and later); never on other AMD CPUs. On Intel CPUs, 32- and
  * 64-bit rows of 32 to 128 KiB never pair: one at a time measured faster there. */
 int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased);
-/* Whether the kernels lean on the CPU's own prefetcher (RMS_HW_PREFETCH: short rows left to it,
- * longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512 (Zen 4 and
- * later), whatever kernel family runs on them. */
-int rms_cpu_hw_prefetch(void);
+/* Whether rows of row_bytes lean on the CPU's own prefetcher (RMS_HW_PREFETCH: short rows left to
+ * it, longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512, every row on
+ * Zen 4 and rows under 4 KiB on Zen 5 and later, whatever kernel family runs on them.
+ * RMSNORM_HW_PREFETCH=0 / 1 sets it for no row / every row. */
+int rms_cpu_hw_prefetch(size_t row_bytes);
+/* Whether 32- and 64-bit rows may be fused across rows (else RMS_NO_FUSE_32): not on AMD CPUs
+ * from Zen 5 on, where rows in two passes measured faster. RMSNORM_FUSE_32=0 / 1 sets it. */
+int rms_cpu_fuse_32(void);
 /* The shortest 16-bit rows, in bytes, that the forward (backward = 0) or the backward (1) fuses
  * across rows as it does 32- and 64-bit ones (RMS_FUSE_16; the kernels fuse none under 512
  * bytes), or SIZE_MAX for none. On AMD CPUs both passes fuse, where it measured faster (Zen 3,

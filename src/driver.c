@@ -772,7 +772,8 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
     if (total == 0)
         return 0;
-    int flags = (a->flags & ~RMS_W_OWN) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
+    int flags = (a->flags & ~RMS_W_OWN) | (rms_cpu_hw_prefetch(a->k * es) ? RMS_HW_PREFETCH : 0) |
+                (rms_cpu_fuse_32() ? 0 : RMS_NO_FUSE_32) |
                 (a->k * es >= rms_cpu_fuse_16(0) ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
@@ -1128,7 +1129,9 @@ static int rows_alias(ptrdiff_t s, size_t es) {
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
-    int flags = (a->flags & RMS_W_STORAGE) | (rms_cpu_hw_prefetch() ? RMS_HW_PREFETCH : 0) |
+    int flags = (a->flags & RMS_W_STORAGE) |
+                (rms_cpu_hw_prefetch(a->k * es) ? RMS_HW_PREFETCH : 0) |
+                (rms_cpu_fuse_32() ? 0 : RMS_NO_FUSE_32) |
                 (a->k * es >= rms_cpu_fuse_16(1) ? RMS_FUSE_16 : 0) |
                 (rms_cpu_near_16() ? RMS_NEAR_16 : 0);
     if (rms_cpu_pairs(a->k * es, es,

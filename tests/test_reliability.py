@@ -432,6 +432,17 @@ def test_fusing_16_bit_rows_does_not_change_results():
     assert np.array_equal(runs[0], runs[1])
 
 
+def test_fusing_32_and_64_bit_rows_does_not_change_results():
+    """RMSNORM_FUSE_32=0 takes streamed 32- and 64-bit rows through their two passes in turn, as
+    AMD CPUs from Zen 5 on do by default; =1 fuses those of the lengths each kernel family fuses
+    (the forward's float32 rows of 16 KiB and 8 KiB here, the add's of 8 KiB, the backward's of
+    128 KiB with AVX-512; most rows with AVX2). Every output streamed, the same probe as above:
+    the same bits either way."""
+    runs = outputs_under_env(STREAM_PROBE, "RMSNORM_FUSE_32", ("0", "1"), np.uint8)
+    assert runs[0].size > 0
+    assert np.array_equal(runs[0], runs[1])
+
+
 # Outputs in buffers of sentinel bytes, for the probes below.
 OUT_HELPERS = """
 SENTINEL = 0x5A

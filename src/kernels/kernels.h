@@ -25,8 +25,9 @@ enum {
                            * (RMS_KSW_K1, RMS_KSW_K2) take the general loop */
     RMS_NEAR_16 = 512,    /* backward: 16-bit rows of up to 2 KiB are prefetched into L1,
                            * 16 KiB ahead (FN(near)) */
-    RMS_PF_PAST = 1024    /* the inputs' rows go on past the m of the call (a batch of a longer
+    RMS_PF_PAST = 1024,   /* the inputs' rows go on past the m of the call (a batch of a longer
                            * run): prefetch past m too (FN(row_ahead)) */
+    RMS_NO_FUSE_32 = 2048 /* 32- and 64-bit rows are not fused across rows (FN(fused)) */
 };
 
 /* Whether the kernels store the partial cache lines at the ends of a streamed row non-temporally
