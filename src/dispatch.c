@@ -76,6 +76,14 @@ static size_t hw_prefetch_below = 0;
  * The forward fused measured slower (2-core Xeon, bfloat16, one thread: 16384x4096 1.04,
  * 65536x1024 1.15, 1024x32768 1.04). */
 static int fuse_16 = 0, fuse_16_bwd = 0;
+/* With fuse_16, the forward's rows of this many bytes or more still go in two passes: on Zen 5,
+ * whose fused forward rows of 64 KiB or more take no prefetch (FN(fused_ahead)). The same build in
+ * one process with RMSNORM_FUSE_16 off and on, each pair in both orders, one thread, new time
+ * over old: bfloat16 1024x32768 0.39, 256x65536 0.37, float16 1024x32768 0.42; rows of 32 KiB
+ * and less measured faster fused (bfloat16 2048x16384 1.18, 8192x8192 1.11, 4096x8192 1.08;
+ * float16 2048x16384 1.19), and so did the backward and the add of 64 KiB (bfloat16 1024x32768
+ * 1.05 and 1.03), which keep it. */
+static size_t fuse_16_fwd_below = SIZE_MAX;
 static int stream_edges = 0;
 /* rms_cpu_fuse_32: whether 32- and 64-bit rows may be fused across rows. On an AMD EPYC Zen 5
  * (2 cores, AVX-512), fused rows took longer than rows in two passes whose second pass prefetches
@@ -125,10 +133,10 @@ int rms_cpu_hw_prefetch(size_t row_bytes) { return row_bytes < hw_prefetch_below
 
 int rms_cpu_fuse_32(void) { return fuse_32; }
 
-size_t rms_cpu_fuse_16(int backward) {
+int rms_cpu_fuse_16(int backward, size_t row_bytes) {
     if (fuse_16)
-        return 0;
-    return backward && fuse_16_bwd ? rms_isa_current()->fuse_bwd_16 : SIZE_MAX;
+        return backward || row_bytes < fuse_16_fwd_below;
+    return backward && fuse_16_bwd && row_bytes >= rms_isa_current()->fuse_bwd_16;
 }
 
 int rms_cpu_stream_edges(void) { return stream_edges; }
@@ -149,6 +157,7 @@ void rms_dispatch_init(void) {
      * rows under 4 KiB (see rms_cpu_hw_prefetch in dispatch.h). */
     hw_prefetch_below = !amd_avx512 ? 0 : zen5 ? 4096 : SIZE_MAX;
     fuse_32 = !zen5;
+    fuse_16_fwd_below = zen5 ? 65536 : SIZE_MAX;
     fuse_16 = amd;
     fuse_16_bwd = !fuse_16;
     stream_edges = intel;
@@ -167,6 +176,7 @@ void rms_dispatch_init(void) {
     if (fuse >= 0) {
         fuse_16 = fuse;
         fuse_16_bwd = 0;
+        fuse_16_fwd_below = SIZE_MAX;
     }
     stream_edges = env_switch("RMSNORM_STREAM_EDGES", stream_edges);
     fuse_32 = env_switch("RMSNORM_FUSE_32", fuse_32);

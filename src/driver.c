@@ -774,7 +774,7 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
         return 0;
     int flags = (a->flags & ~RMS_W_OWN) | (rms_cpu_hw_prefetch(a->k * es) ? RMS_HW_PREFETCH : 0) |
                 (rms_cpu_fuse_32() ? 0 : RMS_NO_FUSE_32) |
-                (a->k * es >= rms_cpu_fuse_16(0) ? RMS_FUSE_16 : 0);
+                (rms_cpu_fuse_16(0, a->k * es) ? RMS_FUSE_16 : 0);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
     int pass = a->r ? LINE_ADD : LINE_FWD;
@@ -1132,7 +1132,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
     int flags = (a->flags & RMS_W_STORAGE) |
                 (rms_cpu_hw_prefetch(a->k * es) ? RMS_HW_PREFETCH : 0) |
                 (rms_cpu_fuse_32() ? 0 : RMS_NO_FUSE_32) |
-                (a->k * es >= rms_cpu_fuse_16(1) ? RMS_FUSE_16 : 0) |
+                (rms_cpu_fuse_16(1, a->k * es) ? RMS_FUSE_16 : 0) |
                 (rms_cpu_near_16() ? RMS_NEAR_16 : 0);
     if (rms_cpu_pairs(a->k * es, es,
                       rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
