@@ -1074,7 +1074,8 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
  * float64 65536x1024 1.09 / 1.04 / 0.99. */
 static inline int FN(fused)(size_t m, size_t k, int flags, const int nt, const int pass) {
     const size_t rb = k * sizeof(T);
-    return nt && (sizeof(T) >= 4 ? !(flags & RMS_NO_FUSE_32) : (flags & RMS_FUSE_16)) && m > 1 && rb >= RMS_FUSE_BYTES(pass) &&
+    return nt && (sizeof(T) >= 4 ? !(flags & RMS_NO_FUSE_32) : (flags & RMS_FUSE_16)) && m > 1 &&
+           rb >= RMS_FUSE_BYTES(pass) &&
            (RMS_BLOCK * W * sizeof(T) <= 1024 ||
             (RMS_BWD_LONG_ROW(pass, rb) && rb <= RMS_BWD_LONG_MAX) ||
             (pass != RMS_P_BWD && rb >= 4096 && rb < (pass == RMS_P_FWD ? 32768u : 8192u)));
