@@ -84,7 +84,21 @@ static int fuse_16 = 0, fuse_16_bwd = 0;
  * float16 2048x16384 1.19), and so did the backward and the add of 64 KiB (bfloat16 1024x32768
  * 1.05 and 1.03), which keep it. */
 static size_t fuse_16_fwd_below = SIZE_MAX;
-static int stream_edges = 0;
+/* rms_cpu_stream_edges: 32- and 64-bit rows of edges_min bytes or more, and 16-bit rows where
+ * edges_16. Intel CPUs: every row. AMD CPUs from Zen 5 on: 32- and 64-bit rows of 256 bytes or
+ * more, measured on a 2-core EPYC Zen 5 VM (AVX-512), every output 16 bytes past a page as
+ * np.empty_like gives it, the same build in one process with RMSNORM_STREAM_EDGES on and off,
+ * each pair in both orders (the geometric mean), new time over old, one thread (two):
+ *   float32 1M x 64: forward 0.93 (0.94), backward 0.93 (0.89), add 0.73 (0.72); 699050x96:
+ *   forward 0.90, backward 0.83, add 0.80; float64 1M x 32: forward 0.85, backward 0.96, add
+ *   0.72; rows of 1 KiB and more the same within noise (float32 262144x256 forward 1.00 (0.92 to
+ *   1.02), backward 0.99 (0.99), add 0.90 to 1.01 (0.93 to 1.10); 65536x1024 forward 1.02,
+ *   backward 0.98, add 1.01; 16384x4096 forward 1.01, backward 0.99, add 1.01).
+ * Shorter rows and 16-bit rows keep the rule for other CPUs, where they lost or measured either
+ * way: float32 2M x 32 forward 1.49 (add 0.92, backward 0.97); bfloat16 262144x256 forward 1.25
+ * (0.84), backward 0.80 (1.09), add 0.83 (0.84), 65536x1024 forward 1.07, 1M x 64 0.99 to 1.03. */
+static size_t edges_min = SIZE_MAX;
+static int edges_16 = 0;
 /* rms_cpu_fuse_32: whether 32- and 64-bit rows may be fused across rows. On an AMD EPYC Zen 5
  * (2 cores, AVX-512), fused rows took longer than rows in two passes whose second pass prefetches
  * the rows ahead into L2, at every length the kernels fuse. The same build in one process with
@@ -139,7 +153,9 @@ int rms_cpu_fuse_16(int backward, size_t row_bytes) {
     return backward && fuse_16_bwd && row_bytes >= rms_isa_current()->fuse_bwd_16;
 }
 
-int rms_cpu_stream_edges(void) { return stream_edges; }
+int rms_cpu_stream_edges(size_t es, size_t row_bytes) {
+    return es >= 4 ? row_bytes >= edges_min : edges_16;
+}
 
 int rms_cpu_near_16(void) {
     return near_16_env >= 0 ? near_16_env : near_16 && rms_isa_current()->near_bwd_16;
@@ -160,7 +176,8 @@ void rms_dispatch_init(void) {
     fuse_16_fwd_below = zen5 ? 65536 : SIZE_MAX;
     fuse_16 = amd;
     fuse_16_bwd = !fuse_16;
-    stream_edges = intel;
+    edges_min = intel ? 0 : zen5 ? 256 : SIZE_MAX;
+    edges_16 = intel;
     near_16 = intel;
     if (!intel) {
         pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
@@ -178,7 +195,11 @@ void rms_dispatch_init(void) {
         fuse_16_bwd = 0;
         fuse_16_fwd_below = SIZE_MAX;
     }
-    stream_edges = env_switch("RMSNORM_STREAM_EDGES", stream_edges);
+    int edges = env_switch("RMSNORM_STREAM_EDGES", -1); /* 1: every row; 0: none */
+    if (edges >= 0) {
+        edges_min = edges ? 0 : SIZE_MAX;
+        edges_16 = edges;
+    }
     fuse_32 = env_switch("RMSNORM_FUSE_32", fuse_32);
     near_16_env = env_switch("RMSNORM_L1_PREFETCH_16", -1);
 #if defined(RMSNORM_HAVE_AVX512)

@@ -35,11 +35,12 @@ int rms_cpu_fuse_32(void);
  * slower) and the backward fuses rows of the kernel family's fuse_bwd_16 bytes or more (see
  * dispatch.c). RMSNORM_FUSE_16=1 / 0 fuses every row / none. */
 int rms_cpu_fuse_16(int backward, size_t row_bytes);
-/* Whether outputs whose rows do not start on cache lines stream as rows on lines do (the
- * kernels stream their partial lines in pieces: RMS_NT_EDGES; 16-bit rows only where they start
- * and end on 4 bytes): on Intel CPUs,
- * where it measured faster (see streamable in driver.c). RMSNORM_STREAM_EDGES=0 / 1 sets it. */
-int rms_cpu_stream_edges(void);
+/* Whether outputs of es-byte elements in rows of row_bytes that do not start on cache lines
+ * stream as rows on lines do (the kernels stream their partial lines in pieces: RMS_NT_EDGES;
+ * 16-bit rows only where they start and end on 4 bytes), where it measured faster (see
+ * streamable in driver.c): every row on Intel CPUs, 32- and 64-bit rows of 256 bytes or more on
+ * AMD CPUs from Zen 5 on (see dispatch.c). RMSNORM_STREAM_EDGES=1 / 0: every row / none. */
+int rms_cpu_stream_edges(size_t es, size_t row_bytes);
 /* Whether the backward prefetches 16-bit rows of up to 2 KiB into L1, 16 KiB ahead, rather than
  * into L2, 64 KiB ahead (RMS_NEAR_16; see FN(near) in rows_impl.h): on Intel CPUs, with the
  * kernel families whose near_bwd_16 says so (AVX-512), where it measured faster.

@@ -681,9 +681,10 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
 #define RMS_STREAM_ROW 1024
 #define RMS_STREAM_ROW_FWD 512
 /* Where the kernels stream the partial lines of 32- and 64-bit rows too (RMS_NT_EDGES), those
- * rows share no line between streaming and plain stores. On Intel CPUs (rms_cpu_stream_edges)
- * they then stream as rows on lines do: the forward and the add at any length (edge_min 0),
- * the backward from RMS_STREAM_ROW_EDGE_BWD bytes; elsewhere, not yet measured, the rule above
+ * rows share no line between streaming and plain stores. Where rms_cpu_stream_edges says so
+ * (every row on Intel CPUs; 32- and 64-bit rows of 256 bytes or more on AMD CPUs from Zen 5 on,
+ * see dispatch.c) they then stream as rows on lines do: the forward and the add at any length
+ * (edge_min 0), the backward from RMS_STREAM_ROW_EDGE_BWD bytes; elsewhere the rule above
  * stands. A 2-core Xeon (AVX-512), every array 16 bytes past a page as np.empty_like gives them,
  * two builds alternating in one process, time with the partial lines streamed over before
  * (stored plainly, and short rows not streamed), one / two threads: float32 forward 2M x 32
@@ -725,7 +726,7 @@ static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size
     size_t lines_min = es >= 4 ? 0 : rms_isa_current()->stream_row_16;
     /* 16-bit rows: where every row starts and ends on 4 bytes (FN(edge_nt)), and from
      * RMS_STREAM_ROW_EDGE_16 bytes or the rows on lines' minimum, whichever is more */
-    int edges = RMS_NT_EDGES && rms_cpu_stream_edges() &&
+    int edges = RMS_NT_EDGES && rms_cpu_stream_edges(es, k * es) &&
                 (es >= 4 || ((uintptr_t)p | (size_t)stride * es | k * es) % 4 == 0);
     if (es < 4 && edge_min < RMS_STREAM_ROW_EDGE_16)
         edge_min = RMS_STREAM_ROW_EDGE_16;
@@ -735,8 +736,9 @@ static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size
 }
 
 /* Whether the output p (rows of k elements, stride apart, `bytes` in all) of a pass (LINE_FWD,
- * LINE_ADD or LINE_BWD) goes through the line buffer (line_rows): on Intel CPUs
- * (rms_cpu_stream_edges) with a family that streams, too large for the cache, packed and not on
+ * LINE_ADD or LINE_BWD) goes through the line buffer (line_rows): where rms_cpu_stream_edges
+ * says so for its rows (Intel CPUs; Zen 5's 32- and 64-bit rows of 256 bytes or more), with a
+ * family that streams, too large for the cache, packed and not on
  * lines, with rows that gained on both Xeons measured: the add's 16-bit rows of RMS_LINE_16_MIN
  * to RMS_LINE_16_MAX bytes, the forward's of RMS_LINE_16_MAX (ahead of the partial lines' rule in
  * streamable), no shorter than the family streams 16-bit rows on lines, and the backward's 32-
@@ -758,8 +760,9 @@ static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size
 static int lined(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes, int pass) {
     const rms_isa_table *isa = rms_isa_current();
     size_t rb = k * es;
-    if (!(RMS_NT_EDGES && isa->stream_lines && rms_cpu_stream_edges() && bytes >= stream_bytes &&
-          stride == (ptrdiff_t)k && (uintptr_t)p % 64 != 0 && (uintptr_t)p % es == 0))
+    if (!(RMS_NT_EDGES && isa->stream_lines && rms_cpu_stream_edges(es, rb) &&
+          bytes >= stream_bytes && stride == (ptrdiff_t)k && (uintptr_t)p % 64 != 0 &&
+          (uintptr_t)p % es == 0))
         return 0;
     if (es == 2)
         return pass != LINE_BWD && rb <= RMS_LINE_16_MAX && rb >= isa->stream_row_16 &&
@@ -788,7 +791,7 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
         /* outputs whose rows do not start on lines, streamed by the partial lines' rule (see
          * streamable): the loops the kernels compile for constant row lengths keep plain
          * partial lines, so such rows take the general loop instead (RMS_ANY_K) */
-        if (RMS_NT_EDGES && rms_cpu_stream_edges() &&
+        if (RMS_NT_EDGES && rms_cpu_stream_edges(es, a->k * es) &&
             !(on_lines(a->y, a->ys, es) && (!a->r || on_lines(a->h, a->hs, es))))
             flags |= RMS_ANY_K;
     }
