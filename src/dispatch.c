@@ -82,23 +82,37 @@ static int fuse_16 = 0, fuse_16_bwd = 0;
  * over old: bfloat16 1024x32768 0.39, 256x65536 0.37, float16 1024x32768 0.42; rows of 32 KiB
  * and less measured faster fused (bfloat16 2048x16384 1.18, 8192x8192 1.11, 4096x8192 1.08;
  * float16 2048x16384 1.19), and so did the backward and the add of 64 KiB (bfloat16 1024x32768
- * 1.05 and 1.03), which keep it. */
-static size_t fuse_16_fwd_below = SIZE_MAX;
-/* rms_cpu_stream_edges: 32- and 64-bit rows of edges_min bytes or more, and 16-bit rows where
- * edges_16. Intel CPUs: every row. AMD CPUs from Zen 5 on: 32- and 64-bit rows of 256 bytes or
- * more, measured on a 2-core EPYC Zen 5 VM (AVX-512), every output 16 bytes past a page as
- * np.empty_like gives it, the same build in one process with RMSNORM_STREAM_EDGES on and off,
- * each pair in both orders (the geometric mean), new time over old, one thread (two):
+ * 1.05 and 1.03), which keep it. And the forward's rows under fuse_16_fwd_min bytes go in two
+ * passes there too (the kernels fuse none under 512 bytes): with the same switches, outputs
+ * 16 bytes past a page (page-aligned), one / two threads: bfloat16 262144x256 0.82-0.83 /
+ * 0.94-0.98 (0.65 / 0.80), float16 174762x384 0.92 / 0.97 (0.92 / 1.08). Rows of 1 KiB measured
+ * either way (bfloat16 131072x512 1.05 / 0.94, float16 1.07 / 0.92; 65536x1024 1.10 / 0.79) and
+ * stay fused. */
+static size_t fuse_16_fwd_below = SIZE_MAX, fuse_16_fwd_min = 0;
+/* rms_cpu_stream_edges: 32- and 64-bit rows of edges_min bytes or more, 16-bit rows of
+ * edges_min_16. Intel CPUs: every row. AMD CPUs from Zen 5 on: 32- and 64-bit rows of 256 bytes
+ * or more, and 16-bit rows of 512, measured on a 2-core EPYC Zen 5 VM (AVX-512), every output
+ * 16 bytes past a page as np.empty_like gives it, each pair in both orders (the geometric mean),
+ * new time over old, one thread (two). The same build in one process with RMSNORM_STREAM_EDGES
+ * on and off:
  *   float32 1M x 64: forward 0.93 (0.94), backward 0.93 (0.89), add 0.73 (0.72); 699050x96:
  *   forward 0.90, backward 0.83, add 0.80; float64 1M x 32: forward 0.85, backward 0.96, add
  *   0.72; rows of 1 KiB and more the same within noise (float32 262144x256 forward 1.00 (0.92 to
  *   1.02), backward 0.99 (0.99), add 0.90 to 1.01 (0.93 to 1.10); 65536x1024 forward 1.02,
  *   backward 0.98, add 1.01; 16384x4096 forward 1.01, backward 0.99, add 1.01).
- * Shorter rows and 16-bit rows keep the rule for other CPUs, where they lost or measured either
- * way: float32 2M x 32 forward 1.49 (add 0.92, backward 0.97); bfloat16 262144x256 forward 1.25
- * (0.84), backward 0.80 (1.09), add 0.83 (0.84), 65536x1024 forward 1.07, 1M x 64 0.99 to 1.03. */
-static size_t edges_min = SIZE_MAX;
-static int edges_16 = 0;
+ *   bfloat16 262144x256, in three processes: forward 0.80 to 1.25 (0.69 to 1.27), backward 0.72
+ *   to 0.80 (0.77 to 1.09), add 0.80 to 0.83 (0.71 to 0.84); float16 262144x256 forward 0.93,
+ *   backward 0.78, add 0.83 (0.76); rows of 1 KiB and more the same within noise (bfloat16
+ *   131072x512 add 1.02 (0.99), 65536x1024 forward 1.07, backward 1.00, add 0.96).
+ * Two builds alternating in one process, 16-bit rows from 512 bytes against none, in two
+ * processes: bfloat16 262144x256 forward 0.79 to 1.24 (0.68 to 0.79), backward 0.96 to 1.05
+ * (0.77 to 0.97), add 0.61 to 0.83 (0.59 to 0.72); float16 174762x384 forward 0.96 to 1.15 (0.74
+ * to 0.95), backward 0.80 to 0.81, add 0.61 to 0.62. The forward's losses came fused (see
+ * fuse_16_fwd_min: unfused, the same rows took 0.82 of the time).
+ * Shorter rows keep the rule for other CPUs, where they lost or measured either way: float32 2M
+ * x 32 forward 1.49 (add 0.92, backward 0.97); bfloat16 524288x128 forward 0.90 (0.98),
+ * backward 1.01 (1.01), float16 add 1.26 (1.05), bfloat16 add 1.03 (0.89), 1M x 64 0.99 to 1.03. */
+static size_t edges_min = SIZE_MAX, edges_min_16 = SIZE_MAX;
 /* rms_cpu_fuse_32: whether 32- and 64-bit rows may be fused across rows. On an AMD EPYC Zen 5
  * (2 cores, AVX-512), fused rows took longer than rows in two passes whose second pass prefetches
  * the rows ahead into L2, at every length the kernels fuse. The same build in one process with
@@ -149,12 +163,12 @@ int rms_cpu_fuse_32(void) { return fuse_32; }
 
 int rms_cpu_fuse_16(int backward, size_t row_bytes) {
     if (fuse_16)
-        return backward || row_bytes < fuse_16_fwd_below;
+        return backward || (row_bytes >= fuse_16_fwd_min && row_bytes < fuse_16_fwd_below);
     return backward && fuse_16_bwd && row_bytes >= rms_isa_current()->fuse_bwd_16;
 }
 
 int rms_cpu_stream_edges(size_t es, size_t row_bytes) {
-    return es >= 4 ? row_bytes >= edges_min : edges_16;
+    return row_bytes >= (es >= 4 ? edges_min : edges_min_16);
 }
 
 int rms_cpu_near_16(void) {
@@ -174,10 +188,11 @@ void rms_dispatch_init(void) {
     hw_prefetch_below = !amd_avx512 ? 0 : zen5 ? 4096 : SIZE_MAX;
     fuse_32 = !zen5;
     fuse_16_fwd_below = zen5 ? 65536 : SIZE_MAX;
+    fuse_16_fwd_min = zen5 ? 1024 : 0;
     fuse_16 = amd;
     fuse_16_bwd = !fuse_16;
     edges_min = intel ? 0 : zen5 ? 256 : SIZE_MAX;
-    edges_16 = intel;
+    edges_min_16 = intel ? 0 : zen5 ? 512 : SIZE_MAX;
     near_16 = intel;
     if (!intel) {
         pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
@@ -194,11 +209,11 @@ void rms_dispatch_init(void) {
         fuse_16 = fuse;
         fuse_16_bwd = 0;
         fuse_16_fwd_below = SIZE_MAX;
+        fuse_16_fwd_min = 0;
     }
     int edges = env_switch("RMSNORM_STREAM_EDGES", -1); /* 1: every row; 0: none */
     if (edges >= 0) {
-        edges_min = edges ? 0 : SIZE_MAX;
-        edges_16 = edges;
+        edges_min = edges_min_16 = edges ? 0 : SIZE_MAX;
     }
     fuse_32 = env_switch("RMSNORM_FUSE_32", fuse_32);
     near_16_env = env_switch("RMSNORM_L1_PREFETCH_16", -1);
