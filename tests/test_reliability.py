@@ -537,10 +537,10 @@ def test_streaming_partial_lines_does_not_change_results(probe):
     """RMSNORM_STREAM_EDGES=1 streams outputs whose rows do not start on cache lines as it does
     rows that do, their partial lines in non-temporal pieces, and sends short packed rows through
     the line buffer (the default on Intel CPUs, and for 32- and 64-bit rows of 256 bytes or more
-    and 16-bit rows of 512 on AMD CPUs from Zen 5 on); =0 streams such rows from 1 KiB only (512 bytes in the 32- and
-    64-bit forward), their partial lines stored plainly. Every output streamed, the two probes
-    above (rows of 64 bytes to 128 KiB, on and off lines, one thread or two): the same bits
-    either way, and no byte stored outside the output."""
+    and 16-bit rows of 512 on AMD CPUs from Zen 5 on); =0 streams such rows from 1 KiB only (512
+    bytes in the 32- and 64-bit forward), their partial lines stored plainly. Every output
+    streamed, the two probes above (rows of 64 bytes to 128 KiB, on and off lines, one thread or
+    two): the same bits either way, and in the line probe no byte stored outside the output."""
     every = 'import os\nos.environ.setdefault("RMSNORM_STREAM_BYTES", "0")\n'
     script = STREAM_PROBE if probe == "stream" else every + LINE_PROBE
     runs = outputs_under_env(script, "RMSNORM_STREAM_EDGES", ("0", "1"), np.uint8)
