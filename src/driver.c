@@ -770,14 +770,20 @@ static int lined(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t by
     return pass == LINE_BWD && rb >= RMS_LINE_MIN && rb < RMS_STREAM_ROW_EDGE_BWD;
 }
 
+/* The kernel flags of the CPU's choices for rows of row_bytes in the forward and the add
+ * (backward 0) or the backward (1): the hardware prefetch and the fusing of rows (dispatch.h). */
+static int cpu_row_flags(int backward, size_t row_bytes) {
+    return (rms_cpu_hw_prefetch(row_bytes) ? RMS_HW_PREFETCH : 0) |
+           (rms_cpu_fuse_32() ? 0 : RMS_NO_FUSE_32) |
+           (rms_cpu_fuse_16(backward, row_bytes) ? RMS_FUSE_16 : 0);
+}
+
 int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
                 const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
     if (total == 0)
         return 0;
-    int flags = (a->flags & ~RMS_W_OWN) | (rms_cpu_hw_prefetch(a->k * es) ? RMS_HW_PREFETCH : 0) |
-                (rms_cpu_fuse_32() ? 0 : RMS_NO_FUSE_32) |
-                (rms_cpu_fuse_16(0, a->k * es) ? RMS_FUSE_16 : 0);
+    int flags = (a->flags & ~RMS_W_OWN) | cpu_row_flags(0, a->k * es);
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
     int pass = a->r ? LINE_ADD : LINE_FWD;
@@ -1132,10 +1138,7 @@ static int rows_alias(ptrdiff_t s, size_t es) {
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
-    int flags = (a->flags & RMS_W_STORAGE) |
-                (rms_cpu_hw_prefetch(a->k * es) ? RMS_HW_PREFETCH : 0) |
-                (rms_cpu_fuse_32() ? 0 : RMS_NO_FUSE_32) |
-                (rms_cpu_fuse_16(1, a->k * es) ? RMS_FUSE_16 : 0) |
+    int flags = (a->flags & RMS_W_STORAGE) | cpu_row_flags(1, a->k * es) |
                 (rms_cpu_near_16() ? RMS_NEAR_16 : 0);
     if (rms_cpu_pairs(a->k * es, es,
                       rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
