@@ -523,7 +523,8 @@ def test_line_buffer_does_not_change_results():
     (np.empty_like) go through a line buffer on Intel CPUs: a batch of rows into L1, its whole
     lines streamed out, the partial line carried over to the next batch (the add's 16-bit rows of
     128 to 256 bytes, the forward's of 256; the backward's 32- and 64-bit rows of 64 to 511
-    bytes; the rest here store plainly or stream either way). RMSNORM_STREAM_BYTES=0
+    bytes, and of 256 to 511 on AMD CPUs from Zen 5 on; the rest here store plainly or stream
+    either way). RMSNORM_STREAM_BYTES=0
     takes that path for every output here; a huge value stores every row plainly. Every ISA,
     dtype, offset within a line (and one on a line), one thread or two: the same bits either
     way, and no byte stored outside the output, however the threads' shares cut the rows."""
