@@ -127,11 +127,18 @@ def rstd_f64(x2d, eps):
     return r
 
 
-def forward(x, gamma=None, eps=1e-6, offset=0.0, cast="end"):
+def forward(x, gamma=None, eps=1e-6, offset=0.0, cast="end", rstd=None):
     """Returns (y_f64, y_rounded, rstd_f64, rstd_rounded).
 
     y_f64 is the exact (float64) value before the final rounding to x.dtype; for
     cast="before_weight" the intermediate x*rstd is rounded to x.dtype first.
+
+    rstd: the package's rstd, for cast="before_weight": the intermediate is then x * rstd as
+    the package forms it, a product in the compute dtype rounded to x.dtype. The float64
+    rstd alone cannot predict that rounding: the package's float32 rstd may be an ulp from
+    the float64 one (assert_rstd_close), and the float32 product is rounded twice, so where
+    x * rstd lies next to a midpoint of x.dtype the intermediate moves by an ulp of x.dtype,
+    and y by up to |w| of those (2 ulps of y and more). rstd itself is checked on its own.
     """
     x = np.asarray(x)
     dt = x.dtype
@@ -142,7 +149,11 @@ def forward(x, gamma=None, eps=1e-6, offset=0.0, cast="end"):
     with np.errstate(all="ignore"):
         xhat = x2 * r[:, None]
         if cast == "before_weight":
-            xhat = as_f64(round_to(xhat, dt))
+            if rstd is not None:
+                ct = compute_dtype(dt)
+                rc = np.asarray(rstd, ct).reshape(-1)
+                xhat = x2.astype(ct) * rc[:, None]  # rounded once, to ct (x2 is exact in ct)
+            xhat = as_f64(round_to(as_f64(xhat), dt))
         y = xhat * w[None, :]
     y = y.reshape(x.shape)
     r = r.reshape(lead)

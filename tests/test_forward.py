@@ -13,7 +13,7 @@ SMALL = [s for s in SHAPES if s[0] in ("N7", "N17", "N1025", "gamma2d", "1d", "z
 
 def check(x, gamma, y, rstd, eps=1e-6, offset=0.0, cast="end"):
     gnd = 1 if gamma is None else np.ndim(gamma)
-    y64, _, r64, _ = oracle.forward(x, gamma, eps, offset, cast)
+    y64, _, r64, _ = oracle.forward(x, gamma, eps, offset, cast, rstd)
     oracle.assert_y_close(y, y64, x.ndim - gnd, x.dtype)
     oracle.assert_rstd_close(rstd, r64, x.dtype)
 

@@ -51,7 +51,7 @@ def test_add_rms_norm_gamma_dtypes_cast_none(dtype, gamma_dtype, cast, rng):
         y2, r2 = rmsnorm.rms_norm(h, g, 1e-5, offset=1.0, cast=cast)
         assert oracle.bits_equal(h, oracle.add(x, res))
         assert oracle.bits_equal(y, y2) and oracle.bits_equal(rstd, r2)
-        y64, _, r64, _ = oracle.forward(h, g, 1e-5, offset=1.0, cast=cast)
+        y64, _, r64, _ = oracle.forward(h, g, 1e-5, offset=1.0, cast=cast, rstd=rstd)
         oracle.assert_y_close(y, y64, 1, dtype)
 
 

@@ -60,7 +60,7 @@ def test_forward_property(p):
         y, rstd = rmsnorm.rms_norm(x, gamma, eps, offset=offset, cast=cast)
     assert oracle.bits_equal(x, x_before)
     gnd = 1 if gamma is None else gamma.ndim
-    y64, _, r64, _ = oracle.forward(x, gamma, eps, offset, cast)
+    y64, _, r64, _ = oracle.forward(x, gamma, eps, offset, cast, rstd)
     oracle.assert_y_close(y, y64, x.ndim - gnd, x.dtype)
     oracle.assert_rstd_close(rstd, r64, x.dtype)
 
