@@ -257,11 +257,25 @@ RTOL_F64 = 1e-12
 # rounded (6e-8): <= ~3e-7 of the row's max |y|; 4e-6 allows a float32 partial-sum
 # reduction of long rows while still catching a wrong eps, a wrong K or 16-bit math (4e-3).
 RTOL_F32 = 4e-6
-# 16-bit: the package computes in float32 (error ~3e-7 relative) and rounds once; the
-# exact value lies within 3e-7 of a rounding boundary (16-bit half-ulp >= 2.4e-4 relative)
-# for far fewer than 0.5 % of elements, so >= 99.5 % must equal the correctly rounded oracle
-# and all must be within 1 ulp.
-EXACT_FRACTION_16 = 0.995
+# 16-bit: the package computes y in float32 and rounds it once. Its float32 value is within
+# Y_REL_ERR_F32 of the float64 one: rstd within 2.5e-7 (assert_rstd_close: 4.2 x 2**-24) and
+# x * rstd and * w each rounded once (2 x 2**-24), under 8 x 2**-24 = 2**-21 in all. So every
+# element must be the correctly rounded value, except where the float64 value lies within
+# that distance of a rounding midpoint (near_midpoint16), and there within 1 ulp. Such
+# elements are rare in random data but not in structured data: a row of one element has
+# x * rstd == 1.0 in float32, and a weight on a midpoint of the 16-bit dtype (bfloat16 w =
+# 1 + gamma with gamma's last bit set) then puts y exactly on it, to be rounded to even,
+# while the float64 value lies just below.
+Y_REL_ERR_F32 = 2.0**-21
+
+
+def near_midpoint16(y_f64, dtype):
+    """Whether each float64 value lies so near a rounding midpoint of the 16-bit dtype that a
+    value within Y_REL_ERR_F32 of it may round to either neighbour."""
+    with np.errstate(all="ignore"):
+        lo = round_to(y_f64 * (1 - Y_REL_ERR_F32), dtype)
+        hi = round_to(y_f64 * (1 + Y_REL_ERR_F32), dtype)
+    return ulp_distance16(lo, hi) > 0
 
 
 def assert_y_close(y, y_f64, lead_ndim, dtype=None, what="y"):
@@ -276,13 +290,13 @@ def assert_y_close(y, y_f64, lead_ndim, dtype=None, what="y"):
     if dtype in SIXTEEN:
         expected = round_to(y_f64, dtype)
         d = ulp_distance16(y[fin], expected[fin])
-        n = int(fin.sum())
-        bad = int((d > 0).sum())
+        bad = (d > 0) & ~near_midpoint16(as_f64(y_f64)[fin], dtype)
         assert d.max(initial=0) <= 1, (
             f"{what}: {int((d > 1).sum())} elements more than 1 ulp off; worst {d.max()} ulp"
         )
-        assert bad <= (1 - EXACT_FRACTION_16) * n + 1, (
-            f"{what}: {bad}/{n} elements not correctly rounded"
+        assert not bad.any(), (
+            f"{what}: {int(bad.sum())}/{d.size} elements not correctly rounded, although "
+            f"not within {Y_REL_ERR_F32:.3g} of a rounding midpoint"
         )
     else:
         rtol = RTOL_F64 if dtype == F64 else RTOL_F32

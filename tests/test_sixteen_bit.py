@@ -8,7 +8,7 @@ import numpy as np
 import oracle
 import pytest
 from conftest import ISAS, outputs_under_env, using
-from oracle import ALL_DTYPES, BF16, F16, F32, SIXTEEN, TAILS, dtype_id
+from oracle import ALL_DTYPES, BF16, F16, F32, SIXTEEN, TAILS, as_f64, dtype_id
 
 import rmsnorm
 
@@ -60,6 +60,24 @@ def test_cast_before_weight(dtype, gamma_dtype, n, each_isa, rng):
         assert differ.any()
         ok = oracle.ulp_distance16(y, y_bw)[differ] == 0
         assert ok.mean() >= 0.95
+
+
+def test_one_element_rows_round_the_float32_value():
+    """A row of one element has x * rstd == 1.0 in float32, and w = 1 + gamma = 1.51171875, a
+    midpoint of bfloat16, puts y exactly on it: y is that float32 value rounded to even
+    (1.515625), while the float64 value lies just below the midpoint (1.5078125 correctly
+    rounded). The oracle's check allows exactly such elements (near_midpoint16)."""
+    x = np.array([[-71.5], [37.5], [1000.0]], BF16)
+    gamma = np.array([0.51171875], BF16)
+    y64 = oracle.forward(x, gamma, offset=1.0)[0]
+    assert oracle.near_midpoint16(y64, BF16).all()
+    expected = [[-1.5078125], [1.5078125], [1.5078125]]
+    assert np.array_equal(as_f64(oracle.round_to(y64, BF16)), expected)
+    for isa in ISAS:
+        with using(isa, 1):
+            y, _ = rmsnorm.rms_norm(x, gamma, offset=1.0)
+        assert np.array_equal(as_f64(y), [[-1.515625], [1.515625], [1.515625]]), isa
+        oracle.assert_y_close(y, y64, 1, BF16)
 
 
 @pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
