@@ -1,6 +1,7 @@
 """`python -m rmsnorm`: print the build and runtime configuration, then check every kernel
 family against a float64 NumPy reference and show a short demo with timings."""
 
+import os
 import sys
 import time
 
@@ -106,7 +107,12 @@ def main():
     print(f"rmsnorm {rmsnorm.__version__}, NumPy {np.__version__}, Python {sys.version.split()[0]}")
     print(f"isa: {rmsnorm.isa()} (available: {', '.join(rmsnorm.available_isas())})")
     openmp = "yes" if _core.have_openmp() else "no"
-    print(f"threads: {rmsnorm.get_num_threads()} (OpenMP: {openmp})\n")
+    print(f"threads: {rmsnorm.get_num_threads()} (OpenMP: {openmp})")
+    stream, l3 = _core.stream_bytes()
+    l3_text = ("set by RMSNORM_STREAM_BYTES" if os.environ.get("RMSNORM_STREAM_BYTES")
+               else f"half the {l3 / 2**20:g} MiB L3, at most 32 MiB" if l3
+               else "L3 size unknown")
+    print(f"streaming stores: outputs of {stream / 2**20:g} MiB or more ({l3_text})\n")
     failures = self_check()
     demo()
     print(f"\nself-check: {'all passed' if not failures else f'{failures} FAILED'}")

@@ -29,7 +29,7 @@
 #define RMS_NONE ((size_t)-1)
 
 static int n_threads = 1;
-static size_t stream_bytes = (size_t)32 << 20;
+static size_t stream_bytes = (size_t)32 << 20, l3 = 0;
 
 size_t rms_esize(int dtype) { return dtype == RMS_F64 ? 8 : dtype == RMS_F32 ? 4 : 2; }
 static size_t csize(int dtype) { return dtype == RMS_F64 ? 8 : 4; }
@@ -103,7 +103,7 @@ void rms_threads_init(void) {
 #endif
     rms_threads_set(n > 0 ? n : 1);
     /* Outputs larger than about half the last-level cache bypass it. */
-    size_t llc = l3_bytes();
+    size_t llc = l3 = l3_bytes();
     if (llc > 0 && llc / 2 < stream_bytes)
         stream_bytes = llc / 2;
     const char *s = getenv("RMSNORM_STREAM_BYTES"); /* tuning knob: 0 streams everything */
@@ -112,6 +112,12 @@ void rms_threads_init(void) {
     s = getenv("RMSNORM_BACK_BYTES"); /* tuning knob: a huge value turns it off */
     if (s && *s)
         back_bytes = (size_t)strtoull(s, NULL, 10);
+}
+
+size_t rms_stream_bytes(size_t *l3_out) {
+    if (l3_out)
+        *l3_out = l3;
+    return stream_bytes;
 }
 
 void rms_advise_huge(void *p, size_t bytes) {

@@ -79,6 +79,8 @@ void rms_advise_huge(void *p, size_t bytes);
 size_t rms_esize(int dtype);
 
 void rms_threads_init(void);
+/* The output size from which stores bypass the cache, and the L3 it came from (0 if unknown). */
+size_t rms_stream_bytes(size_t *l3);
 int rms_threads_get(void);
 void rms_threads_set(int n);
 int rms_have_openmp(void);

@@ -784,6 +784,14 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(rms_threads_get());
 }
 
+static PyObject *py_stream_bytes(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    size_t l3 = 0, sb = rms_stream_bytes(&l3);
+    return Py_BuildValue("(nn)", (Py_ssize_t)(sb > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : sb),
+                         (Py_ssize_t)(l3 > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : l3));
+}
+
 static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
     (void)self;
     if (!PyLong_Check(arg) || PyBool_Check(arg)) {
@@ -992,6 +1000,9 @@ static PyMethodDef methods[] = {
      "available_isas() -> list[str]: kernel families this CPU and build can run, best first."},
     {"set_isa", py_set_isa, METH_O, "set_isa(name): switch the kernel family (ValueError if unavailable)."},
     {"have_openmp", py_have_openmp, METH_NOARGS, "have_openmp() -> bool: built with OpenMP."},
+    {"stream_bytes", py_stream_bytes, METH_NOARGS,
+     "stream_bytes() -> (threshold, l3): outputs of threshold bytes or more bypass the cache;\n"
+     "l3 is the L3 size it came from (0 if unknown; RMSNORM_STREAM_BYTES overrides)."},
     {"copy", (PyCFunction)(void (*)(void))py_copy, METH_FASTCALL,
      "copy(src, dst, prefetch=False): threaded copy of contiguous arrays (roofline reference "
      "for benchmarks); with prefetch, each line is also prefetched 4 KiB ahead."},

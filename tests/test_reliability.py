@@ -422,6 +422,48 @@ def test_streaming_does_not_change_results():
     assert np.array_equal(runs[0], runs[1])
 
 
+def _sysfs_l3_bytes():
+    """CPU 0's L3 from Linux's sysfs, parsed here independently of the C code (None if absent)."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for i in range(16):
+        try:
+            with open(f"{base}/index{i}/level") as f:
+                level = int(f.read())
+            if level != 3:
+                continue
+            with open(f"{base}/index{i}/size") as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+    return None
+
+
+STREAM_BYTES_PROBE = "import rmsnorm; print(*rmsnorm._core.stream_bytes())"
+
+
+@pytest.mark.parametrize("setting", (None, "0", "12345", str(1 << 62)))
+def test_stream_threshold_from_the_l3_or_the_environment(setting):
+    """Outputs stream from half the L3 that Linux's sysfs lists for CPU 0 (glibc's figure where
+    sysfs has none), at most 32 MiB; RMSNORM_STREAM_BYTES sets the threshold instead."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "RMSNORM_STREAM_BYTES"}
+    if setting is not None:
+        env["RMSNORM_STREAM_BYTES"] = setting
+    out = subprocess.run([sys.executable, "-c", STREAM_BYTES_PROBE], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    threshold, l3 = map(int, out.split())
+    if setting is not None:
+        assert threshold == int(setting)
+        return
+    sysfs = _sysfs_l3_bytes() if sys.platform.startswith("linux") else None
+    if sysfs:
+        assert l3 == sysfs
+    assert threshold == (min(32 << 20, l3 // 2) if l3 else 32 << 20)
+
+
 def test_fusing_16_bit_rows_does_not_change_results():
     """RMSNORM_FUSE_16=1 fuses streamed 16-bit rows across rows in the forward and the backward
     (the next row's sum taken a block at a time between the chunks of this row's second pass);
