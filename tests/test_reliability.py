@@ -357,6 +357,15 @@ def test_prefetch_choice_does_not_change_results():
     assert np.array_equal(runs[0], runs[1])
 
 
+# For the probes: an output `shift` elements past a cache line, as np.empty_like(x) may give.
+AT_OFFSET = """
+def at(shape, dt, shift):
+    n = int(np.prod(shape))
+    buf = np.zeros(n + 64, dt)
+    start = (-buf.ctypes.data % 64) // buf.itemsize + shift
+    return buf[start : start + n].reshape(shape)
+"""
+
 STREAM_PROBE = """
 import os
 os.environ.setdefault("RMSNORM_FUSE_16", "1")  # 16-bit rows fused as on AMD CPUs, on every CPU
@@ -364,12 +373,7 @@ os.environ.setdefault("RMSNORM_STREAM_BYTES", "0")  # every output streamed
 import sys, ml_dtypes, numpy as np, rmsnorm
 rng = np.random.default_rng(2)
 out = []
-def at(shape, dt, shift):
-    # an output `shift` elements past a cache line, as np.empty_like(x) may give
-    n = int(np.prod(shape))
-    buf = np.zeros(n + 64, dt)
-    start = (-buf.ctypes.data % 64) // buf.itemsize + shift
-    return buf[start : start + n].reshape(shape)
+""" + AT_OFFSET + """
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
@@ -418,6 +422,54 @@ def test_streaming_does_not_change_results():
     are compared by place only: the sign and payload of a NaN that meets another NaN in one
     instruction depend on the order of its operands, which the compiler picks per loop."""
     runs = outputs_under_env(STREAM_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)
+    assert runs[0].size > 0
+    assert np.array_equal(runs[0], runs[1])
+
+
+EARLY_H_PROBE = """
+import os
+os.environ["RMSNORM_STREAM_BYTES"] = "0"  # every output streamed
+import sys, numpy as np, rmsnorm
+rng = np.random.default_rng(3)
+out = []
+""" + AT_OFFSET + """
+for isa in rmsnorm.available_isas():
+    rmsnorm.set_isa(isa)
+    for dt in (np.float32, np.float64):
+        for m, k in ((40, 64), (9, 1000), (6, 2053), (4, 8192), (3, 32771)):
+            x = rng.standard_normal((m, k)).astype(dt)
+            r = rng.standard_normal((m, k)).astype(dt)
+            x[1] = -r[1]  # h = 0
+            x[2, k // 2] = np.nan
+            x[-1] = r[-1] = 1e-300 if dt == np.float64 else 1e-30  # squares that underflow
+            g = rng.uniform(0.5, 1.5, k).astype(dt)
+            for shift in (0, 1, 3, 8):
+                for t in (1, 2):
+                    rmsnorm.set_num_threads(t)
+                    res = list(rmsnorm.add_rms_norm(
+                        x, r, g, out=at(x.shape, dt, shift), residual_out=at(x.shape, dt, shift)
+                    ))
+                    xi, ri = at(x.shape, dt, shift), at(x.shape, dt, shift)
+                    xi[...], ri[...] = x, r
+                    h = at(x.shape, dt, shift)
+                    rmsnorm.add_rms_norm(xi, ri, g, out=xi, residual_out=h)  # y over x
+                    res += [xi, h]
+                    xi[...] = x
+                    rmsnorm.add_rms_norm(xi, ri, g, out=ri, residual_out=h)  # y over r
+                    res += [ri, h]
+                    for a in res:  # every NaN as one NaN
+                        a = np.where(np.isnan(a), np.nan, a).astype(a.dtype)
+                        out.append(a.ravel().view(np.uint8))
+sys.stdout.buffer.write(np.concatenate(out).tobytes())
+"""
+
+
+def test_add_storing_h_in_the_first_pass_does_not_change_results():
+    """The add's streamed 32- and 64-bit rows store h as their first pass sums (x + r)^2
+    (RMSNORM_EARLY_H_BYTES=0: every row), or in the second pass with y (a huge value): every ISA,
+    output offset and thread count must give the same bits either way, with y over x or over r,
+    and rows whose h is zero, NaN or has squares that underflow."""
+    runs = outputs_under_env(EARLY_H_PROBE, "RMSNORM_EARLY_H_BYTES", ("0", str(1 << 62)), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])
 

@@ -206,6 +206,50 @@ RMS_INLINE void FN(add_long)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
     }
 }
 
+/* h = round(x + r) of the n elements at c of a streamed row, the first `head` elements before
+ * its first whole line (RMS_FUSE_PASS's CHUNK). */
+RMS_INLINE void FN(h_chunk)(const T *x, const T *r, T *h, size_t c, size_t n, size_t head) {
+    const V z = V_SET((C)0);
+    FN(span_rows) s = {x + c, r + c, h + c, NULL, NULL, NULL, 0, 0, 0, z, z, z, z};
+    FN(span)(&s, n, head, NULL, NULL, RMS_PF_L2, RMS_S_H, 0, 0, 0, 1);
+}
+
+/* The add of streamed 32- and 64-bit rows with RMS_EARLY_H, h apart from x and r: the first pass
+ * streams h out block by block as it sums (x + r)^2 (RMS_FUSE_PASS over the row itself, the
+ * same sums in the same order), the second computes h again from the cached row and streams y,
+ * prefetching the rows ahead as add_row does. Memory then takes a stream of writes beside the
+ * reads of each first pass, as in a copy, rather than the reads of one pass and then the writes
+ * of the other. A row whose outputs cannot stream takes add_row. */
+RMS_INLINE void FN(add_early)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
+                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
+                              size_t k, double eps, int flags, const int hasw, const int before) {
+    const size_t d = FN(ahead)(1, k, RMS_P_ADD, flags);
+    const int pm = FN(pf_mode)(k, RMS_P_ADD, flags);
+    const double inv_k = rms_inv_pow2(k);
+    const V one = V_SET((C)1);
+    for (size_t i = 0; i < m; i++) {
+        const T *xr = x + (ptrdiff_t)i * xs, *rr = r + (ptrdiff_t)i * rs;
+        T *hr = h + (ptrdiff_t)i * hs, *yr = y + (ptrdiff_t)i * ys;
+        size_t head;
+        A sa;
+        if (!FN(plan_stream)(yr, hr, k, RMS_STREAM, &head)) {
+            sa = FN(reduce_a)(xr, rr, NULL, (C)1, k, RMS_ADDSQ);
+            FN(rstds)(&sa, rstd + i, 1, xr, xs, rr, rs, k, eps, inv_k);
+            FN(add_row)(x, xs, r, rs, h, hs, y, ys, w, rstd, i, m, k, d, pm, flags, hasw, before,
+                        1);
+            continue;
+        }
+#define RMS_CHUNK(c, n, hd) FN(h_chunk)(xr, rr, hr, c, n, hd)
+        RMS_FUSE_PASS(sa, xr, rr, NULL, one, k, RMS_ADDSQ, head, RMS_CHUNK);
+#undef RMS_CHUNK
+        FN(rstds)(&sa, rstd + i, 1, xr, xs, rr, rs, k, eps, inv_k);
+        const T *px = FN(row_ahead)(x, xs, i, d, m, flags), *pr = FN(row_ahead)(r, rs, i, d, m, flags);
+        const V vr = V_SET(rstd[i]);
+        FN(span_rows) s = {xr, rr, yr, NULL, NULL, w, 0, 0, 0, vr, vr, vr, vr};
+        FN(span)(&s, k, head, px, pr, pm, RMS_S_ADD_Y, hasw, before, 0, 1);
+    }
+}
+
 /* Pipelined by group for short rows, as fwd_loop is. */
 RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
@@ -225,6 +269,10 @@ RMS_INLINE void FN(add_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
                 free(st);
             return;
         }
+    }
+    if (sizeof(T) >= 4 && nt && (flags & RMS_EARLY_H) && h != x && h != r) {
+        FN(add_early)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags, hasw, before);
+        return;
     }
     size_t g = FN(group)(2 * k), d = FN(ahead)(g, k, RMS_P_ADD, flags), n = 0;
     const double inv_k = rms_inv_pow2(k);

@@ -149,11 +149,14 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
 #define RMS_KSW_ADD(hw, bf) (sizeof(T) == 2 && (hw) && !(bf))
 /* The kinds of second pass over a row (FN(span)): the forward (y = (x * r) * w), the add
  * (h = round(x + r), y = (h * r) * w), the backward (dx, and the dgamma partial row per hasdg)
- * and the backward of two rows at once (accumulating dgamma); the vectors each outputs, and at
- * most how many vectors of them a span computes ahead (FN(span_block)). */
-enum { RMS_S_FWD, RMS_S_ADD, RMS_S_BWD, RMS_S_PAIR };
+ * the backward of two rows at once (accumulating dgamma), h alone, and the add's y alone (h
+ * computed again, not stored: FN(add_early)); the vectors each computes, and at most how many
+ * vectors of them a span computes ahead (FN(span_block)). */
+enum { RMS_S_FWD, RMS_S_ADD, RMS_S_BWD, RMS_S_PAIR, RMS_S_H, RMS_S_ADD_Y };
 #define RMS_SPAN_OUTS(kind, hasdg)                                                                 \
-    ((kind) == RMS_S_PAIR ? 3 : (kind) == RMS_S_ADD || ((kind) == RMS_S_BWD && (hasdg)) ? 2 : 1)
+    ((kind) == RMS_S_PAIR                                                             ? 3          \
+     : (kind) == RMS_S_ADD || (kind) == RMS_S_ADD_Y || ((kind) == RMS_S_BWD && (hasdg)) ? 2        \
+                                                                                        : 1)
 #define RMS_SPAN_BMAX 8
 #define RMS_LINE 64
 /* Vector registers of the ISA (V_REGS, optional). */
@@ -651,9 +654,11 @@ RMS_INLINE void FN(span_val)(const FN(span_rows) *s, size_t i, size_t t, const i
     const void *w = W_AT(s->w, i, hasw);
     if (kind == RMS_S_FWD) {
         v[0] = FN(scale_val)(LDX(s->a + i, t), w, s->vr, t, hasw, before);
-    } else if (kind == RMS_S_ADD) {
+    } else if (kind == RMS_S_ADD || kind == RMS_S_ADD_Y) {
         v[1] = V_RND(V_ADD(LDX(s->a + i, t), LDX(s->b + i, t)));
         v[0] = FN(scale_val)(v[1], w, s->vr, t, hasw, before);
+    } else if (kind == RMS_S_H) {
+        v[0] = V_RND(V_ADD(LDX(s->a + i, t), LDX(s->b + i, t)));
     } else if (kind == RMS_S_BWD) {
         V dyv = LDX(s->a + i, t), xh = V_MUL(LDX(s->b + i, t), s->vr);
         if (hasdg == 1)
