@@ -51,17 +51,21 @@ static int env_threads(const char *name) {
 /* Row pieces of this many bytes or more run their second pass backwards (see back_start). */
 static size_t back_bytes = (size_t)1 << 20;
 
-/* The add's streamed 32- and 64-bit rows of this many bytes or more store h in their first pass
- * (RMS_EARLY_H, FN(add_early)), where it streams out beside the reads of x and r, and y alone in
- * the second, rather than h and y both in the second. Rows fused across rows (FN(fused)) and h
- * that is x or r keep the usual passes. 2-core AMD EPYC Zen 5 VM, the same build with the
- * choice on and off alternating in one process, new time over old at one / two threads: float32
- * 4096x12288 0.91 / 0.91-0.92, 8192x8192 0.93-0.94 / 0.92-0.96, 1024x32768 0.93 / 0.92,
- * 2048x16384 0.95 / 0.97, 256x65536 0.95 / 1.02; float64 8192x4096 0.93 / 0.95. Shorter rows
- * lost (float32 16384x4096 1.04 / 1.02, 65536x1024 1.07 / 1.03, 262144x256 1.14 / 1.04). The
- * 16-core Xeon measured it the same within its noise (1 / 4 / 16 threads: float32 32768x8192
- * 1.01 / 0.99 / 0.99, 8192x32768 0.97 / 0.99 / 1.01). */
-static size_t early_h_bytes = 32768;
+/* The add's streamed rows of this many bytes or more (32- and 64-bit; 16-bit) store h in their
+ * first pass (RMS_EARLY_H), where it streams out beside the reads of x and r, and y alone in the
+ * second, rather than h and y both in the second: 32- and 64-bit rows not fused across rows, and
+ * whose h is not x or r (FN(add_early)); 16-bit rows that are staged and not pipelined, 1 KiB
+ * or more (FN(stage_row_h)). The choice on and off alternating in one process, new time over
+ * old at one / two threads, 2-core AMD EPYC Zen 5 VM: float32 4096x12288 0.91 / 0.91-0.92,
+ * 8192x8192 0.93-0.94 / 0.92-0.96, 1024x32768 0.93 / 0.92, 2048x16384 0.95 / 0.97, 256x65536
+ * 0.95 / 1.02; float64 8192x4096 0.93 / 0.95; shorter float32 rows lost (16384x4096 1.04 / 1.02,
+ * 65536x1024 1.07 / 1.03, 262144x256 1.14 / 1.04); bfloat16 131072x512 0.85 / 0.94, 65536x1024
+ * 0.93 / 0.92, 16384x4096 0.92 / 0.91, 8192x8192 0.95 / 0.92, 4096x12288 0.92-0.94 / 0.91,
+ * 1024x32768 0.95 / 0.86; float16 131072x512 0.83 / 0.92, 65536x1024 0.85 / 0.92, 8192x8192
+ * 0.93 / 0.89, 2048x16384 0.99 / 0.95. 16-core Xeon, 1 / 4 / 16 threads: float32 32768x8192
+ * 1.01 / 0.99 / 0.99, 8192x32768 0.97 / 0.99 / 1.01; bfloat16 32768x8192 0.94 / 0.93 / 0.96,
+ * 524288x512 0.96 / 0.95 / 0.97; float16 8192x32768 0.91 / 0.92 / 0.97. */
+static size_t early_h_bytes = 32768, early_h_bytes_16 = 0;
 
 /* The L3 cache that CPU 0 shares with its neighbours, in bytes (0 if unknown). Linux lists it in
  * sysfs from the CPU's cache topology; glibc's sysconf can report a virtual machine's host instead
@@ -126,7 +130,7 @@ void rms_threads_init(void) {
         back_bytes = (size_t)strtoull(s, NULL, 10);
     s = getenv("RMSNORM_EARLY_H_BYTES"); /* tuning knob: 0 for every row, a huge value for none */
     if (s && *s)
-        early_h_bytes = (size_t)strtoull(s, NULL, 10);
+        early_h_bytes = early_h_bytes_16 = (size_t)strtoull(s, NULL, 10);
 }
 
 size_t rms_stream_bytes(size_t *l3_out) {
@@ -214,7 +218,7 @@ static void chunk(size_t n, int t, int nt, size_t align, size_t *lo, size_t *hi)
  * rows (head: the end of the row before r0, tail: the start of row r1). */
 typedef struct {
     size_t row, c0, c1;
-    double s;
+    double s, r; /* the piece's sum; the row's rstd (fwd_phase, rstd_apart) */
 } piece;
 
 typedef struct {
@@ -225,13 +229,13 @@ typedef struct {
 static share split(size_t total, size_t k, int t, int nt) {
     size_t e0, e1;
     chunk(total, t, nt, 16, &e0, &e1);
-    share s = {0, 0, {{RMS_NONE, 0, 0, 0.0}, {RMS_NONE, 0, 0, 0.0}}};
+    share s = {0, 0, {{RMS_NONE, 0, 0, 0.0, 0.0}, {RMS_NONE, 0, 0, 0.0, 0.0}}};
     if (e0 >= e1)
         return s;
     size_t row = e0 / k, col = e0 % k;
     if (col) {
         size_t end = e1 - row * k < k ? e1 - row * k : k;
-        s.p[0] = (piece){row, col, end, 0.0};
+        s.p[0] = (piece){row, col, end, 0.0, 0.0};
         e0 = row * k + end;
         row++;
     }
@@ -239,7 +243,7 @@ static share split(size_t total, size_t k, int t, int nt) {
     if (e0 < e1) {
         s.r1 = e1 / k;
         if (e1 % k)
-            s.p[1] = (piece){s.r1, 0, e1 % k, 0.0};
+            s.p[1] = (piece){s.r1, 0, e1 % k, 0.0, 0.0};
     }
     return s;
 }
@@ -581,13 +585,27 @@ static void fwd_rows(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, si
 typedef struct {
     const rms_kernels *kt;
     const rms_fwd_args *a;
-    int flags;
+    int flags, rstd_apart;
     own_w ow;
     share sh[RMS_MAX_THREADS];
 } fwd_job;
 
+/* Whether y or h is x or r (out=x, residual_out=residual): then the partial rows' rstds take a
+ * phase of their own (rstd_apart), before any member writes. A row whose sum of squares is not
+ * usable (a row of zeros, or squares that underflow or overflow) is rescued from the whole row
+ * (rescue), which its other sharers would otherwise be overwriting at the same time: its rstd
+ * then depended on the timing. */
+static int writes_inputs(const rms_fwd_args *a) {
+    const void *in[2] = {a->x, a->r};
+    for (int i = 0; i < 2; i++)
+        if (in[i] && (in[i] == (const void *)a->y || in[i] == (const void *)a->h))
+            return 1;
+    return 0;
+}
+
 /* Phase 0: the partial rows' sums, then the whole rows. Phase 1: the partial rows, scaled by
- * the rstd that their sharers' sums give. The add's partial rows, when its outputs are not
+ * the rstd that their sharers' sums give (with rstd_apart, phase 1 takes the rstds and phase 2
+ * scales). The add's partial rows, when its outputs are not
  * streamed, store h in phase 0 and scale it in phase 1, rather than rounding x + r once in each
  * phase (AMD EPYC Zen 3, AVX2, two threads, two builds alternating in one process, new time over
  * old, the same bits: 1x1048576 bfloat16 0.64-0.73, float32 0.81-0.88; 29x17389, whose other
@@ -698,19 +716,22 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
         return;
     }
     for (int i = 0; i < 2; i++) {
-        const piece *p = &j->sh[t].p[i];
+        piece *p = &j->sh[t].p[i];
         if (p->row == RMS_NONE)
             continue;
         int staged = stage_pieces(j); /* then x is the row of h that phase 0 stored */
         const char *x = staged ? AT(a->h, p->row, a->hs, 0, es) : AT(a->x, p->row, a->xs, 0, es);
         const char *res = a->r && !staged ? AT(a->r, p->row, a->rs, 0, es) : NULL;
-        double r = rstd_of(kt, x, res, row_sum(j->sh, nt, p->row), k, a->eps, f64);
-        if (p->c0 == 0) /* exactly one sharer holds the start of the row */
-            store_c(a->rstd, p->row, r, f64);
-        /* (the add's h and y, which may lie at different offsets within a line: forwards) */
-        scale_piece(kt, a, x, res, res ? AT(a->h, p->row, a->hs, 0, es) : NULL,
-                    AT(a->y, p->row, a->ys, 0, es), p->c0, p->c1 - p->c0, r, j->flags,
-                    one_piece(&j->sh[t]) && !res);
+        if (phase == 1) {
+            p->r = rstd_of(kt, x, res, row_sum(j->sh, nt, p->row), k, a->eps, f64);
+            if (p->c0 == 0) /* exactly one sharer holds the start of the row */
+                store_c(a->rstd, p->row, p->r, f64);
+        }
+        if (phase == 1 + j->rstd_apart)
+            /* (the add's h and y, which may lie at different offsets within a line: forwards) */
+            scale_piece(kt, a, x, res, res ? AT(a->h, p->row, a->hs, 0, es) : NULL,
+                        AT(a->y, p->row, a->ys, 0, es), p->c0, p->c1 - p->c0, p->r, j->flags,
+                        one_piece(&j->sh[t]) && !res);
     }
 }
 
@@ -848,7 +869,7 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
     if (total == 0)
         return 0;
     int flags = (a->flags & ~RMS_W_OWN) | cpu_row_flags(0, a->k * es);
-    if (a->r && es >= 4 && a->k * es >= early_h_bytes)
+    if (a->r && a->k * es >= (es >= 4 ? early_h_bytes : early_h_bytes_16))
         flags |= RMS_EARLY_H;
     size_t bytes = total * es * (a->r ? 2 : 1);
     size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
@@ -880,8 +901,9 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
         j.kt = kt;
         j.a = a;
         j.flags = flags;
+        j.rstd_apart = writes_inputs(a);
         j.ow = ow;
-        run_team(nt, 2, fwd_phase, &j, pool);
+        run_team(nt, 2 + j.rstd_apart, fwd_phase, &j, pool);
     }
     free(ow.rows);
     return 0;

@@ -212,6 +212,30 @@ def test_one_long_row(threads, rng):
     oracle.assert_rstd_close(rstd, r64, F32)
 
 
+@pytest.mark.parametrize("op", ("add_zero_row", "forward_tiny_row"))
+def test_in_place_row_shared_across_threads_keeps_its_rstd(op, rng):
+    """A row that the threads share, and whose sum of squares is not usable (h = x + r all
+    zero; squares that underflow), is rescued from the whole row, while the outputs overwrite
+    the inputs (residual_out=residual; out=x): its rstd must come from the inputs as they were,
+    whatever the timing. Three rows of 2**20 on two threads share the middle one."""
+    k = 2**20
+    for _ in range(4):
+        x = rng.standard_normal((3, k)).astype(F32)
+        r = rng.standard_normal((3, k)).astype(F32)
+        if op == "add_zero_row":
+            x[1] = -r[1]
+            _, _, r64, _ = oracle.forward(x + r, None)  # float32 x + r: h as the add rounds it
+            with using(threads=2):
+                y, rstd, h = rmsnorm.add_rms_norm(x, r, residual_out=r)
+            assert h is r
+        else:
+            x[1] *= np.float32(1e-30)
+            _, _, r64, _ = oracle.forward(x, None)
+            with using(threads=2):
+                y, rstd = rmsnorm.rms_norm(x, out=x)
+        oracle.assert_rstd_close(rstd, r64, F32)
+
+
 @pytest.mark.parametrize("threads", (1, 2))
 def test_a_million_rows_of_one(threads, rng):
     x = rng.standard_normal((10**6, 1)).astype(F32)
@@ -429,19 +453,19 @@ def test_streaming_does_not_change_results():
 EARLY_H_PROBE = """
 import os
 os.environ["RMSNORM_STREAM_BYTES"] = "0"  # every output streamed
-import sys, numpy as np, rmsnorm
+import sys, ml_dtypes, numpy as np, rmsnorm
 rng = np.random.default_rng(3)
 out = []
 """ + AT_OFFSET + """
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
-    for dt in (np.float32, np.float64):
+    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
         for m, k in ((40, 64), (9, 1000), (6, 2053), (4, 8192), (3, 32771)):
             x = rng.standard_normal((m, k)).astype(dt)
             r = rng.standard_normal((m, k)).astype(dt)
             x[1] = -r[1]  # h = 0
             x[2, k // 2] = np.nan
-            x[-1] = r[-1] = 1e-300 if dt == np.float64 else 1e-30  # squares that underflow
+            x[-1] = r[-1] = float(ml_dtypes.finfo(dt).tiny) * 4  # squares that underflow
             g = rng.uniform(0.5, 1.5, k).astype(dt)
             for shift in (0, 1, 3, 8):
                 for t in (1, 2):
@@ -457,18 +481,21 @@ for isa in rmsnorm.available_isas():
                     xi[...] = x
                     rmsnorm.add_rms_norm(xi, ri, g, out=ri, residual_out=h)  # y over r
                     res += [ri, h]
+                    ri[...] = r
+                    res += list(rmsnorm.add_rms_norm(xi, ri, g, residual_out=ri))  # h over r
                     for a in res:  # every NaN as one NaN
-                        a = np.where(np.isnan(a), np.nan, a).astype(a.dtype)
+                        a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
                         out.append(a.ravel().view(np.uint8))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
 
 
 def test_add_storing_h_in_the_first_pass_does_not_change_results():
-    """The add's streamed 32- and 64-bit rows store h as their first pass sums (x + r)^2
-    (RMSNORM_EARLY_H_BYTES=0: every row), or in the second pass with y (a huge value): every ISA,
-    output offset and thread count must give the same bits either way, with y over x or over r,
-    and rows whose h is zero, NaN or has squares that underflow."""
+    """The add's streamed rows store h in their first pass (32- and 64-bit rows as it sums
+    (x + r)^2, 16-bit rows as it fills the stage; RMSNORM_EARLY_H_BYTES=0: every row that can),
+    or in the second pass with y (a huge value): every ISA, dtype, output offset and thread count
+    must give the same bits either way, with y over x or over r, h over r, and rows whose h is
+    zero, NaN or has squares that underflow."""
     runs = outputs_under_env(EARLY_H_PROBE, "RMSNORM_EARLY_H_BYTES", ("0", str(1 << 62)), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])

@@ -69,23 +69,29 @@ RMS_INLINE void FN(add_row)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, 
 #define RMS_STAGE_IN_H 0
 #endif
 
-/* h = round(x + r) of k elements into s, prefetching the rows pfx and pfr (if any); returns the
- * sum of squares of s. */
-RMS_INLINE A FN(stage_row)(const T *x, const T *r, T *s, size_t k, const T *pfx,
-                           const T *pfr) {
-    size_t i = 0;
+/* h = round(x + r) of elements [i, e) of a row into s, prefetching the rows pfx and pfr (if
+ * any). */
+RMS_INLINE void FN(stage_part)(const T *x, const T *r, T *s, size_t i, size_t e, const T *pfx,
+                               const T *pfr) {
 #ifdef V_ST2
-    for (; i + 2 * W <= k; i += 2 * W) {
+    for (; i + 2 * W <= e; i += 2 * W) {
         FN(pf2)(pfx, pfr, i, 0);
         V_ST2(s + i, V_ADD(V_LD(x + i), V_LD(r + i)), V_ADD(V_LD(x + i + W), V_LD(r + i + W)), 0);
     }
 #endif
-    for (; i + W <= k; i += W) {
+    for (; i + W <= e; i += W) {
         FN(pf2)(pfx, pfr, i, 0);
         V_ST(s + i, V_ADD(V_LD(x + i), V_LD(r + i)));
     }
-    if (i < k)
-        V_STP(s + i, V_ADD(V_LDP(x + i, k - i), V_LDP(r + i, k - i)), k - i);
+    if (i < e)
+        V_STP(s + i, V_ADD(V_LDP(x + i, e - i), V_LDP(r + i, e - i)), e - i);
+}
+
+/* h = round(x + r) of k elements into s, prefetching the rows pfx and pfr (if any); returns the
+ * sum of squares of s. */
+RMS_INLINE A FN(stage_row)(const T *x, const T *r, T *s, size_t k, const T *pfx,
+                           const T *pfr) {
+    FN(stage_part)(x, r, s, 0, k, pfx, pfr);
     return FN(reduce_a)(s, NULL, NULL, (C)1, k, RMS_SQ);
 }
 
@@ -132,8 +138,35 @@ RMS_INLINE void FN(copy_span)(const T *s, T *h, size_t n, size_t head, const T *
     FN(copy_edge)(h + i, s + i, n - i, pieces);
 }
 
+/* Elements staged at a time by FN(stage_row_h): 1 KiB, whole lines. */
+#define RMS_EARLY_CHUNK 512
+
+/* FN(stage_row) with h streamed out as the row is staged (RMS_EARLY_H): each chunk of the stage is
+ * copied into h while it is in L1, so that h's writes go out beside the reads of x and r. The
+ * partial lines at h's ends (`head` elements before its first whole line) go as in FN(copy_span).
+ * h may be x or r: each chunk is read before it is written. */
+RMS_INLINE A FN(stage_row_h)(const T *x, const T *r, T *s, T *h, size_t k, size_t head,
+                             const T *pfx, const T *pfr) {
+    const int pieces = RMS_NT_EDGES && FN(edge_nt)(h, 0, k);
+    const size_t end = FN(stream_end)(head, k);
+    FN(stage_part)(x, r, s, 0, head, pfx, pfr);
+    FN(copy_edge)(h, s, head, pieces);
+    for (size_t c = head; c < end; c += RMS_EARLY_CHUNK) {
+        size_t e = end - c < RMS_EARLY_CHUNK ? end : c + RMS_EARLY_CHUNK;
+        FN(stage_part)(x, r, s, c, e, pfx, pfr);
+        for (size_t i = c; i < e; i += 2 * W) {
+            V_CPNT(h + i, s + i);
+            V_CPNT(h + i + W, s + i + W);
+        }
+    }
+    FN(stage_part)(x, r, s, end, k, pfx, pfr);
+    FN(copy_edge)(h + end, s + end, k - end, pieces);
+    return FN(reduce_a)(s, NULL, NULL, (C)1, k, RMS_SQ);
+}
+
 /* The second pass of a staged row (stage s, rstd rs): y from s as the forward scales x, then
- * h = s, prefetching the rows px and pr (if any), one in each loop. */
+ * h = s unless h is NULL (stored in the first pass), prefetching the rows px and pr (if any), one
+ * in each loop. */
 RMS_INLINE void FN(staged_row)(const T *s, T *h, T *y, const void *w, C rs, size_t k, const T *px,
                                const T *pr, int flags, const int hasw, const int before,
                                const int nt) {
@@ -142,6 +175,8 @@ RMS_INLINE void FN(staged_row)(const T *s, T *h, T *y, const void *w, C rs, size
         FN(scale_span)(s, y, w, V_SET(rs), k, head, px, RMS_PF_L2, hasw, before, nt);
     else /* not aligned to its elements, as in fwd_row */
         FN(scale)(s, y, w, rs, k, flags & ~RMS_STREAM);
+    if (!h)
+        return;
     if (nt && FN(plan_stream)(h, NULL, k, RMS_STREAM, &head))
         FN(copy_span)(s, h, k, head, pr, nt);
     else
@@ -162,15 +197,24 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
     const int pipe = k * sizeof(T) < RMS_PIPE_BYTES;
     const size_t half = pipe ? RMS_STAGE / 2 : 0; /* g * k < RMS_STAGE / 2 for short rows */
     const size_t pf1 = pipe ? 0 : d, pf2 = pipe ? d : 0; /* 0: no prefetch in that pass */
+    /* h streamed in the first pass (FN(stage_row_h)), row by row where it can stream */
+    const int early_ok = nt && !pipe && (flags & RMS_EARLY_H);
+    int early[RMS_GROUP] = {0};
     A sa[RMS_GROUP];
     for (size_t i = 0, p = 0; i < m; i += g, p ^= half) {
         T *cur = st + p, *nxt = st + (p ^ half);
         if (!pipe || i == 0) {
             n = rms_group_rows(i, m, g);
-            for (size_t j = 0; j < n; j++)
-                sa[j] = FN(stage_row)(x + (ptrdiff_t)(i + j) * xs, r + (ptrdiff_t)(i + j) * rs,
-                                      cur + j * k, k, FN(row_ahead)(x, xs, i + j, pf1, m, flags),
-                                      FN(row_ahead)(r, rs, i + j, pf1, m, flags));
+            for (size_t j = 0; j < n; j++) {
+                const T *xr = x + (ptrdiff_t)(i + j) * xs, *rr = r + (ptrdiff_t)(i + j) * rs;
+                const T *px = FN(row_ahead)(x, xs, i + j, pf1, m, flags),
+                        *pr = FN(row_ahead)(r, rs, i + j, pf1, m, flags);
+                T *hr = h + (ptrdiff_t)(i + j) * hs;
+                size_t head;
+                early[j] = early_ok && FN(plan_stream)(hr, NULL, k, RMS_STREAM, &head);
+                sa[j] = early[j] ? FN(stage_row_h)(xr, rr, cur + j * k, hr, k, head, px, pr)
+                                 : FN(stage_row)(xr, rr, cur + j * k, k, px, pr);
+            }
         }
         FN(rstds)(sa, rstd + i, n, cur, (ptrdiff_t)k, NULL, 0, k, eps, inv_k);
         size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
@@ -178,7 +222,8 @@ RMS_INLINE void FN(add_staged)(T *st, const T *x, ptrdiff_t xs, const T *r, ptrd
             if (j < n2)
                 sa[j] = FN(stage_row)(x + (ptrdiff_t)(next + j) * xs,
                                       r + (ptrdiff_t)(next + j) * rs, nxt + j * k, k, NULL, NULL);
-            FN(staged_row)(cur + j * k, h + (ptrdiff_t)(i + j) * hs, y + (ptrdiff_t)(i + j) * ys,
+            FN(staged_row)(cur + j * k, early[j] ? NULL : h + (ptrdiff_t)(i + j) * hs,
+                           y + (ptrdiff_t)(i + j) * ys,
                            w, rstd[i + j], k, FN(row_ahead)(x, xs, i + j, pf2, m, flags),
                            FN(row_ahead)(r, rs, i + j, pf2, m, flags), flags, hasw, before, nt);
         }

@@ -136,6 +136,17 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
         check("add h", isa->name, dt, k, b.h[1], b.h[0], n, 0, 1);
         check("add y", isa->name, dt, k, b.out[1], b.out[0], n, 0, 0);
     }
+    /* the add storing h in its first pass (RMS_EARLY_H), against the scalar kernels without it */
+    for (int f = 0; f < 4; f++) {
+        int flags = RMS_STREAM | (f & 1 ? RMS_CAST_BEFORE : 0) | (f & 2 ? RMS_HW_PREFETCH : 0);
+        for (int j = 0; j < 2; j++)
+            (j ? kt : ref)->add_rows(b.x, (ptrdiff_t)s, b.r, (ptrdiff_t)s, b.h[j], (ptrdiff_t)s,
+                                     b.out[j], (ptrdiff_t)s, w, b.rs[j], m, k, 1e-6,
+                                     j ? flags | RMS_EARLY_H : flags);
+        check("add h (h first)", isa->name, dt, k, b.h[1], b.h[0], n, 0, 1);
+        check("add y (h first)", isa->name, dt, k, b.out[1], b.out[0], n, 0, 0);
+        check("add rstd (h first)", isa->name, dt, k, b.rs[1], b.rs[0], m, 1, 0);
+    }
     /* streaming or not, rows one at a time or paired, prefetch, 16-bit rows fused (streamed) */
     for (int f = 0; f < 16; f++) {
         int flags = (f & 1 ? RMS_STREAM : 0) | (f & 2 ? RMS_ROW_PAIRS : 0) |
