@@ -633,14 +633,25 @@ static int rstd_phase(const void *job, int nt) {
     const fwd_job *j = job;
     if (!j->rstd_apart)
         return 0;
+    /* The pieces come row after row in member order, so one pass adds up each row's sum as
+     * row_sum does, in the same order (every member calls this: O(nt), not a row_sum a row). */
+    const int f64 = j->a->dtype == RMS_F64;
+    size_t row = RMS_NONE;
+    double s = 0.0;
     for (int t = 0; t < nt; t++)
         for (int i = 0; i < 2; i++) {
             const piece *p = &j->sh[t].p[i];
-            if (p->row != RMS_NONE && p->c0 == 0 &&
-                !rms_sumsq_ok(row_sum(j->sh, nt, p->row), j->a->dtype == RMS_F64))
-                return 1;
+            if (p->row == RMS_NONE)
+                continue;
+            if (p->row != row) {
+                if (row != RMS_NONE && !rms_sumsq_ok(s, f64))
+                    return 1;
+                row = p->row;
+                s = 0.0;
+            }
+            s += p->s;
         }
-    return 0;
+    return row != RMS_NONE && !rms_sumsq_ok(s, f64);
 }
 
 /* A row's rstd from its sum of squares ss, rounded as it is stored, so that it scales with the
