@@ -154,10 +154,7 @@ RMS_INLINE A FN(stage_row_h)(const T *x, const T *r, T *s, T *h, size_t k, size_
     for (size_t c = head; c < end; c += RMS_EARLY_CHUNK) {
         size_t e = end - c < RMS_EARLY_CHUNK ? end : c + RMS_EARLY_CHUNK;
         FN(stage_part)(x, r, s, c, e, pfx, pfr);
-        for (size_t i = c; i < e; i += 2 * W) {
-            V_CPNT(h + i, s + i);
-            V_CPNT(h + i + W, s + i + W);
-        }
+        FN(copy_span)(s + c, h + c, e - c, 0, NULL, 1); /* whole lines: no partial one */
     }
     FN(stage_part)(x, r, s, end, k, pfx, pfr);
     FN(copy_edge)(h + end, s + end, k - end, pieces);
