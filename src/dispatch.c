@@ -52,6 +52,7 @@ static rms_isa_table avx512; /* rms_isa_avx512, with native bfloat16 rounding wh
 #endif
 static int n_available;
 static size_t pairs_aliased_min = 0;         /* the shortest aliased rows paired, in bytes */
+static int pairs_env = -1;                    /* RMSNORM_PAIR_ROWS: 1 every row, 0 none */
 static size_t single_min = 0, single_max = 0; /* 32- and 64-bit rows not paired: [min, max) */
 /* rms_cpu_hw_prefetch: rows shorter than this lean on the CPU's own prefetcher. */
 static size_t hw_prefetch_below = 0;
@@ -153,6 +154,8 @@ static int env_switch(const char *name, int dflt) {
 }
 
 int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased) {
+    if (pairs_env >= 0)
+        return pairs_env;
     return (!aliased || row_bytes >= pairs_aliased_min) &&
            (es < 4 || row_bytes < single_min || row_bytes >= single_max);
 }
@@ -195,7 +198,7 @@ void rms_dispatch_init(void) {
     edges_min_16 = intel ? 0 : zen5 ? 512 : SIZE_MAX;
     near_16 = intel;
     if (!intel) {
-        pairs_aliased_min = amd_avx512 ? 32768 : (size_t)-1;
+        pairs_aliased_min = !amd_avx512 ? (size_t)-1 : zen5 ? 12288 : 32768;
     } else {
         single_min = 32768;
         single_max = 131072;
@@ -217,6 +220,7 @@ void rms_dispatch_init(void) {
     }
     fuse_32 = env_switch("RMSNORM_FUSE_32", fuse_32);
     near_16_env = env_switch("RMSNORM_L1_PREFETCH_16", -1);
+    pairs_env = env_switch("RMSNORM_PAIR_ROWS", -1);
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512()) {
         avx512 = rms_isa_avx512;

@@ -16,9 +16,10 @@ const rms_isa_table *rms_isa_find(const char *name);
 const rms_isa_table *rms_isa_current(void);
 /* Whether the backward may pair rows of row_bytes (elements of es bytes) on this CPU, `aliased`
  * when consecutive rows share their offsets within 4 KiB pages (see rms_backward). Aliased rows
- * pair on Intel CPUs, where pairing measured faster, and on CPUs other than x86; from 32 KiB on
- * AMD CPUs with AVX-512 (Zen 4 and later); never on other AMD CPUs. On Intel CPUs, 32- and
- * 64-bit rows of 32 to 128 KiB never pair: one at a time measured faster there. */
+ * pair on Intel CPUs, where pairing measured faster, and on CPUs other than x86; on AMD CPUs
+ * with AVX-512 from 32 KiB on Zen 4 and from 12 KiB on Zen 5 and later; never on other AMD CPUs.
+ * On Intel CPUs, 32- and 64-bit rows of 32 to 128 KiB never pair: one at a time measured faster
+ * there. RMSNORM_PAIR_ROWS=1 / 0 pairs every row the kernels can / none. */
 int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased);
 /* Whether rows of row_bytes lean on the CPU's own prefetcher (RMS_HW_PREFETCH: short rows left to
  * it, longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512, every row on

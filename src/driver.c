@@ -1243,24 +1243,29 @@ static int rows_alias(ptrdiff_t s, size_t es) {
 }
 
 /* The backward pairs 32- and 64-bit rows, and long 16-bit rows on AVX-512, in kernels with 32
- * vector registers (RMS_ROW_PAIRS: see bwd_loop in rows_add_bwd.h), except where two rows of dy,
- * x or dx share their page offsets and are shorter than rms_cpu_pairs() allows. On an AMD
- * EPYC (Zen 3), whose AVX2 kernels never pair, such rows measured slower in pairs (one
- * thread, float32, in pairs -> one at a time, ratio to a triad: 8192x4096 1.39 -> 0.99, 16384x1024
- * 1.72 -> 0.94, 2048x16384 2.12 -> 1.37), and so did rows that share no page offset. On an AMD
- * EPYC (Zen 4), one thread, page-aligned arrays, ratio to two copies, one at a time -> in pairs,
- * rows of 32 KiB and more gained (8192x8192 1.12-1.27 -> 1.08-1.21, 4096x12288 1.47-1.54 ->
- * 1.32-1.40, 4096x16384 1.20-1.24 -> 1.19-1.21) and shorter ones lost (16384x4096 1.12-1.15 ->
- * 1.26-1.30, 65536x1024 1.20-1.27 -> 1.63-1.67). On Intel CPUs, 32- and 64-bit rows of 32 to
- * 128 KiB go one at a time (rms_cpu_pairs). A 2-core Xeon (AVX-512, 2 MiB of L2 a core), two
- * choices alternating in one process, page-aligned arrays, time one at a time over in pairs at
- * one / two threads: float32 8192x8192 0.93-0.94 / 0.94, 4096x12288 0.92-0.95 / 0.94-0.97,
- * 2048x16384 0.97-0.98 / 0.97; float64 8192x4096 0.95 / 0.96, 4096x8192 0.96 / 0.95. Shorter
- * and longer rows measured faster in pairs (float32 16384x4096 1.04-1.05 / 1.00-1.03, 65536x1024
- * 1.16 / 1.16; float64 2048x16384 1.13 / 1.10), and so did 16-bit rows (bfloat16 and float16
- * 8192x8192 to 1024x32768 1.01 to 1.09). The 16-core Xeon (the same caches a core) measured the
- * two the same within its noise (one / four threads: float32 8192x8192 1.01-1.03 / 1.01,
- * 4096x12288 1.01 / 1.00; float64 4096x8192 0.86-1.11 / 1.05, 8192x4096 1.01 / 1.02). */
+ * vector registers (RMS_ROW_PAIRS: see bwd_loop in rows_add_bwd.h), except where two rows of dy, x
+ * or dx share their page offsets and are shorter than rms_cpu_pairs() allows. On an AMD EPYC (Zen
+ * 3), whose AVX2 kernels never pair, such rows measured slower in pairs (one thread, float32, in
+ * pairs -> one at a time, ratio to a triad: 8192x4096 1.39 -> 0.99, 16384x1024 1.72 -> 0.94,
+ * 2048x16384 2.12 -> 1.37), and so did rows that share no page offset. On an AMD EPYC (Zen 4), one
+ * thread, page-aligned arrays, ratio to two copies, one at a time -> in pairs, rows of 32 KiB and
+ * more gained (8192x8192 1.12-1.27 -> 1.08-1.21, 4096x12288 1.47-1.54 -> 1.32-1.40, 4096x16384
+ * 1.20-1.24 -> 1.19-1.21) and shorter ones lost (16384x4096 1.12-1.15 -> 1.26-1.30, 65536x1024
+ * 1.20-1.27 -> 1.63-1.67). On a Zen 5 EPYC (1 MiB of L2 a core, 48 KiB of L1d), the two
+ * alternating in one process, page-aligned, in pairs over one at a time at one / two threads, rows
+ * from 12 KiB gained (float32 8192x3072 0.92 / 0.99, 8192x4096 0.91-0.97 / 0.97-0.98, 16384x4096
+ * 0.92 / 0.97, 4096x6144 0.97 / 1.02; float64 8192x2048 0.94 / 0.96; in cache, 8x4096 0.90) and
+ * shorter ones lost (float32 16384x2048 1.06 / 1.03, 32768x1024 1.24 / 1.15), so they pair from 12
+ * KiB there (16-bit rows, fused on AMD CPUs, the same within 0.02). On Intel CPUs, 32- and 64-bit
+ * rows of 32 to 128 KiB go one at a time (rms_cpu_pairs). A 2-core Xeon (AVX-512, 2 MiB of L2 a
+ * core), two choices alternating in one process, page-aligned arrays, time one at a time over in
+ * pairs at one / two threads: float32 8192x8192 0.93-0.94 / 0.94, 4096x12288 0.92-0.95 /
+ * 0.94-0.97, 2048x16384 0.97-0.98 / 0.97; float64 8192x4096 0.95 / 0.96, 4096x8192 0.96 / 0.95.
+ * Shorter and longer rows measured faster in pairs (float32 16384x4096 1.04-1.05 / 1.00-1.03,
+ * 65536x1024 1.16 / 1.16; float64 2048x16384 1.13 / 1.10), and so did 16-bit rows (bfloat16 and
+ * float16 8192x8192 to 1024x32768 1.01 to 1.09). The 16-core Xeon (the same caches a core)
+ * measured the two the same within its noise (one / four threads: float32 8192x8192 1.01-1.03 /
+ * 1.01, 4096x12288 1.01 / 1.00; float64 4096x8192 0.86-1.11 / 1.05, 8192x4096 1.01 / 1.02). */
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
