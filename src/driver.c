@@ -1294,6 +1294,8 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
             nt = (int)(a->k / 32);
         cols = nt > 1;
     }
+    if (rms_cpu_bwd_ahead_32(nt))
+        flags |= RMS_BWD_AHEAD_32;
     own_w ow;
     if (own_w_open(&ow, kt, a->w, a->w_offset, a->k, a->flags, nt > 1 ? nt : 1) < 0)
         return -1;

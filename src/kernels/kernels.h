@@ -28,8 +28,10 @@ enum {
     RMS_PF_PAST = 1024,   /* the inputs' rows go on past the m of the call (a batch of a longer
                            * run): prefetch past m too (FN(row_ahead)) */
     RMS_NO_FUSE_32 = 2048, /* 32- and 64-bit rows are not fused across rows (FN(fused)) */
-    RMS_EARLY_H = 4096     /* add: streamed 32- and 64-bit rows store h in their first pass
+    RMS_EARLY_H = 4096,    /* add: streamed 32- and 64-bit rows store h in their first pass
                             * (FN(add_early)) */
+    RMS_BWD_AHEAD_32 = 8192 /* backward: 32- and 64-bit rows are prefetched 32 KiB ahead rather
+                             * than 64 (FN(ahead)) */
 };
 
 /* Whether the kernels store the partial cache lines at the ends of a streamed row non-temporally

@@ -285,7 +285,8 @@ RMS_INLINE void FN(add_early)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
         RMS_FUSE_PASS(sa, xr, rr, NULL, one, k, RMS_ADDSQ, head, RMS_CHUNK);
 #undef RMS_CHUNK
         FN(rstds)(&sa, rstd + i, 1, xr, xs, rr, rs, k, eps, inv_k);
-        const T *px = FN(row_ahead)(x, xs, i, d, m, flags), *pr = FN(row_ahead)(r, rs, i, d, m, flags);
+        const T *px = FN(row_ahead)(x, xs, i, d, m, flags);
+        const T *pr = FN(row_ahead)(r, rs, i, d, m, flags);
         const V vr = V_SET(rstd[i]);
         FN(span_rows) s = {xr, rr, yr, NULL, NULL, w, 0, 0, 0, vr, vr, vr, vr};
         FN(span)(&s, k, head, px, pr, pm, RMS_S_ADD_Y, hasw, before, 0, 1);

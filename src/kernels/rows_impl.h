@@ -972,13 +972,18 @@ static inline size_t FN(fwd_group)(size_t k, const int nt) {
  * -> 1.80), and so did most 16-bit rows, whose second pass does more arithmetic (bfloat16 forward
  * 16384x4096 1.07 -> 2.03). The add reads two rows, and its rows of 8 KiB measured faster with the
  * software prefetch (float32, one thread, ratio to the prefetching copies, two builds alternating:
- * 8192x2048 1.66-1.67 -> 1.53-1.60, 16384x2048 1.85 -> 1.71). */
+ * 8192x2048 1.66-1.67 -> 1.53-1.60, 16384x2048 1.85 -> 1.71). The backward's 32- and 64-bit
+ * rows reach 32 KiB ahead rather than 64 where the driver asks (RMS_BWD_AHEAD_32: see
+ * rms_cpu_bwd_ahead_32 in dispatch.h), so that rows of 12 to 16 KiB in pairs prefetch the next
+ * pair's first row and leave its second to the hardware, and single rows prefetch the next. */
 static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
     if ((flags & RMS_HW_PREFETCH) && sizeof(T) >= 4 &&
         k * sizeof(T) <= (pass == RMS_P_FWD ? 8192u : 4096u))
         return 0;
     size_t bytes = k * sizeof(T) * (pass == RMS_P_FWD ? 1 : 2);
-    size_t reach = FN(near)(k, pass, flags) ? 16 * 1024 : 64 * 1024;
+    size_t reach = FN(near)(k, pass, flags)                                         ? 16 * 1024
+                   : pass == RMS_P_BWD && sizeof(T) >= 4 && (flags & RMS_BWD_AHEAD_32) ? 32 * 1024
+                                                                                   : 64 * 1024;
     size_t d = (reach + bytes - 1) / (bytes ? bytes : 1);
     return d < g ? g : d;
 }
