@@ -23,14 +23,14 @@ const rms_isa_table *rms_isa_current(void);
 int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased);
 /* Whether the backward of a call run by nthreads threads prefetches its 32- and 64-bit rows 32 KiB
  * ahead rather than 64 (RMS_BWD_AHEAD_32): on AMD CPUs from Zen 5 on, at one thread only. There,
- * one thread, two builds alternating in one process, page-aligned, new time over old (rows of 12
- * and 16 KiB in pairs): float32 8192x3072 0.93, 8192x4096 0.94, 16384x4096 0.93-0.94, and with dx
- * 16 bytes past a page (np.empty_like) 0.92, 0.93 and 0.92; float64 8192x2048 0.96; rows of 4, 8
- * and 32 KiB the same (65536x1024 1.00, 16384x2048 1.01, 4096x8192 1.00), and so in cache (64x4096
- * 1.00, 29x17389 1.00). At two threads it lost (8192x4096 1.02-1.05, 16384x4096 1.03; 8192x3072
- * 0.99, 4096x8192 0.99). No software prefetch at all gained less at one thread and lost more at
- * two (8192x4096 0.96 / 1.08, 4096x8192 1.00 / 1.04). RMSNORM_BWD_AHEAD_32=1 / 0 sets it for every
- * call / none. */
+ * one thread, the two choices alternating in one process, page-aligned, new time over old (rows of
+ * 12 and 16 KiB in pairs): float32 8192x3072 0.93, 8192x4096 0.94, 16384x4096 0.93-0.94, and with
+ * dx 16 bytes past a page (np.empty_like) 0.92, 0.93 and 0.92; float64 8192x2048 0.96; rows of 4,
+ * 8 and 32 KiB the same (65536x1024 1.00, 16384x2048 1.01, 4096x8192 1.00), and so in cache
+ * (64x4096 1.00, 29x17389 1.00). At two threads it lost (8192x4096 1.02-1.05, 16384x4096 1.03;
+ * 8192x3072 0.99, 4096x8192 0.99). No software prefetch at all gained less at one thread and lost
+ * more at two (8192x4096 0.96 / 1.08, 4096x8192 1.00 / 1.04). RMSNORM_BWD_AHEAD_32=1 / 0 sets it
+ * for every call / none. */
 int rms_cpu_bwd_ahead_32(int nthreads);
 /* Whether rows of row_bytes lean on the CPU's own prefetcher (RMS_HW_PREFETCH: short rows left to
  * it, longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512, every row on

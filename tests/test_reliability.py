@@ -779,9 +779,9 @@ def test_backward_row_pairs_and_prefetch_reach_do_not_change_results(knob, strea
     pairs (the weight and the dgamma row loaded once for both), =0 one row at a time; by default
     the CPU decides (rows whose pages line up pair from 12 KiB on Zen 5, from 32 KiB on Zen 4).
     RMSNORM_BWD_AHEAD_32=1 has it prefetch 32- and 64-bit rows 32 KiB ahead, =0 64 KiB (by
-    default 32 at one thread on Zen 5). Every ISA and dtype, rows of 4 KiB to 16 KiB, an odd row
-    count, a zero row and a NaN, dx streamed or not at three offsets within a line, one thread or
-    two: the same bits either way."""
+    default 32 at one thread on Zen 5). Every ISA and dtype, rows of 1,024 to 8,192 elements (2
+    to 64 KiB), an odd row count, a zero row and a NaN, dx streamed or not at three offsets
+    within a line, one thread or two: the same bits either way."""
     script = PAIRS_PROBE.replace("{stream}", stream)
     runs = outputs_under_env(script, knob, ("0", "1"), np.uint8)
     assert runs[0].size > 0
