@@ -390,6 +390,15 @@ def at(shape, dt, shift):
     return buf[start : start + n].reshape(shape)
 """
 
+# For the probes: the bytes of each array appended to out, every NaN as one NaN (the sign and
+# payload of a NaN that meets another NaN in one instruction depend on the order of its operands).
+KEEP = """
+def keep(out, arrays):  # every NaN as one NaN
+    for a in arrays:
+        a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
+        out.append(a.ravel().view(np.uint8))
+"""
+
 STREAM_PROBE = """
 import os
 os.environ.setdefault("RMSNORM_FUSE_16", "1")  # 16-bit rows fused as on AMD CPUs, on every CPU
@@ -397,7 +406,7 @@ os.environ.setdefault("RMSNORM_STREAM_BYTES", "0")  # every output streamed
 import sys, ml_dtypes, numpy as np, rmsnorm
 rng = np.random.default_rng(2)
 out = []
-""" + AT_OFFSET + """
+""" + AT_OFFSET + KEEP + """
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
@@ -424,9 +433,7 @@ for isa in rmsnorm.available_isas():
                     xi, ri = at(x.shape, dt, shift), at(x.shape, dt, shift)
                     xi[...], ri[...] = x, r  # in place: y over x, h over r
                     rmsnorm.add_rms_norm(xi, ri, g, out=xi, residual_out=ri)
-                    for a in (y, rstd, dx, dg, ya, ra, h, xi, ri):  # every NaN as one NaN
-                        a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
-                        out.append(a.ravel().view(np.uint8))
+                    keep(out, (y, rstd, dx, dg, ya, ra, h, xi, ri))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
 
@@ -456,7 +463,7 @@ os.environ["RMSNORM_STREAM_BYTES"] = "0"  # every output streamed
 import sys, ml_dtypes, numpy as np, rmsnorm
 rng = np.random.default_rng(3)
 out = []
-""" + AT_OFFSET + """
+""" + AT_OFFSET + KEEP + """
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
@@ -483,9 +490,7 @@ for isa in rmsnorm.available_isas():
                     res += [ri, h]
                     ri[...] = r
                     res += list(rmsnorm.add_rms_norm(xi, ri, g, residual_out=ri))  # h over r
-                    for a in res:  # every NaN as one NaN
-                        a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
-                        out.append(a.ravel().view(np.uint8))
+                    keep(out, res)
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
 
@@ -598,10 +603,7 @@ def calls(x, r, g, rstd, dt, shift):
     for b, s, a in outs:
         check(b, s, a)
     return y, ry, dx, dg, dz, ya, ra, h, xi, ri
-def keep(out, arrays):  # every NaN as one NaN
-    for a in arrays:
-        a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
-        out.append(a.ravel().view(np.uint8))
+""" + KEEP + """
 def cases(shapes, shifts, mark):
     # every ISA, dtype and shape (x given rows that take the slow path by mark), output offset
     # and one thread or two: what calls returns, in turn
@@ -750,7 +752,7 @@ os.environ["RMSNORM_STREAM_BYTES"] = "{stream}"
 import sys, ml_dtypes, numpy as np, rmsnorm
 rng = np.random.default_rng(5)
 out = []
-""" + AT_OFFSET + """
+""" + AT_OFFSET + KEEP + """
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
@@ -765,9 +767,7 @@ for isa in rmsnorm.available_isas():
                 for t in (1, 2):
                     rmsnorm.set_num_threads(t)
                     dx, dg = rmsnorm.rms_norm_backward(dy, x, g, rstd, out=at(x.shape, dt, shift))
-                    for a in (dx, dg):  # every NaN as one NaN
-                        a = np.where(np.isnan(a.astype(np.float64)), np.nan, a).astype(a.dtype)
-                        out.append(a.ravel().view(np.uint8))
+                    keep(out, (dx, dg))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
 
