@@ -54,6 +54,7 @@ static int n_available;
 static size_t pairs_aliased_min = 0;         /* the shortest aliased rows paired, in bytes */
 static int pairs_env = -1;                    /* RMSNORM_PAIR_ROWS: 1 every row, 0 none */
 static int bwd_ahead_32 = 0, bwd_ahead_32_env = -1; /* rms_cpu_bwd_ahead_32; its override */
+static int fwd_near = 0, fwd_ahead_32 = 0, fwd_ahead_32_env = -1; /* rms_cpu_fwd_flags */
 static size_t single_min = 0, single_max = 0; /* 32- and 64-bit rows not paired: [min, max) */
 /* rms_cpu_hw_prefetch: rows shorter than this lean on the CPU's own prefetcher. */
 static size_t hw_prefetch_below = 0;
@@ -165,6 +166,11 @@ int rms_cpu_bwd_ahead_32(int nthreads) {
     return bwd_ahead_32_env >= 0 ? bwd_ahead_32_env : bwd_ahead_32 && nthreads == 1;
 }
 
+int rms_cpu_fwd_flags(int nthreads) {
+    int ahead = fwd_ahead_32_env >= 0 ? fwd_ahead_32_env : fwd_ahead_32 && nthreads == 1;
+    return fwd_near ? RMS_FWD_NEAR | (ahead ? RMS_FWD_AHEAD_32 : 0) : 0;
+}
+
 int rms_cpu_hw_prefetch(size_t row_bytes) { return row_bytes < hw_prefetch_below; }
 
 int rms_cpu_fuse_32(void) { return fuse_32; }
@@ -196,6 +202,7 @@ void rms_dispatch_init(void) {
     hw_prefetch_below = !amd_avx512 ? 0 : zen5 ? 4096 : SIZE_MAX;
     fuse_32 = !zen5;
     bwd_ahead_32 = zen5;
+    fwd_near = fwd_ahead_32 = zen5;
     fuse_16_fwd_below = zen5 ? 65536 : SIZE_MAX;
     fuse_16_fwd_min = zen5 ? 1024 : 0;
     fuse_16 = amd;
@@ -228,6 +235,8 @@ void rms_dispatch_init(void) {
     near_16_env = env_switch("RMSNORM_L1_PREFETCH_16", -1);
     pairs_env = env_switch("RMSNORM_PAIR_ROWS", -1);
     bwd_ahead_32_env = env_switch("RMSNORM_BWD_AHEAD_32", -1);
+    fwd_near = env_switch("RMSNORM_FWD_NEAR", fwd_near);
+    fwd_ahead_32_env = env_switch("RMSNORM_FWD_AHEAD_32", -1);
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512()) {
         avx512 = rms_isa_avx512;

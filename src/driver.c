@@ -927,6 +927,8 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
             flags |= RMS_ANY_K;
     }
     int nt = team_size(total, pool_threads(pool, nthreads));
+    if (!a->r)
+        flags |= rms_cpu_fwd_flags(nt);
     own_w ow;
     if (own_w_open(&ow, kt, a->w, a->w_offset, a->k, a->flags, nt) < 0)
         return -1;

@@ -571,6 +571,8 @@ static inline int FN(near)(size_t k, const int pass, int flags) {
     size_t max = pass == RMS_P_BWD || (flags & RMS_HW_PREFETCH) ? 8192 : 16384;
     if (sizeof(T) == 2)
         return pass == RMS_P_BWD && (flags & RMS_NEAR_16) && row <= 2048;
+    if (pass == RMS_P_FWD && (flags & RMS_FWD_NEAR))
+        max = SIZE_MAX;
     return row >= 4096 && row <= max;
 }
 
@@ -988,6 +990,17 @@ static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
     return d < g ? g : d;
 }
 
+/* The forward's prefetch row for row i: FN(row_ahead), or with RMS_FWD_AHEAD_32, for contiguous
+ * 32- and 64-bit rows over 32 KiB, the k elements 32 KiB ahead of row i: the rest of row i, which
+ * its first pass read into L2, and the start of the next (none for the last row). */
+RMS_INLINE const T *FN(fwd_ahead)(const T *x, ptrdiff_t xs, size_t i, size_t d, size_t m,
+                                  size_t k, int flags) {
+    const size_t e = 32768 / sizeof(T);
+    if (!(flags & RMS_FWD_AHEAD_32) || sizeof(T) < 4 || k <= e || xs != (ptrdiff_t)k || !d)
+        return FN(row_ahead)(x, xs, i, d, m, flags);
+    return i * k + e <= (m - 1) * k || (flags & RMS_PF_PAST) ? x + i * k + e : NULL;
+}
+
 /* The row loops switch their options into constants once per call (RMS_SWITCH3), and inline
  * both passes of every row, so that the fixed cost of a short row stays small. A row of a
  * streamed loop that plan_stream cannot stream (an output not aligned to its elements) is
@@ -996,7 +1009,7 @@ RMS_INLINE void FN(fwd_row)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const 
                             const C *rstd, size_t i, size_t m, size_t k, size_t d, int pm,
                             int flags, const int hasw, const int before, const int nt) {
     const T *xr = x + (ptrdiff_t)i * xs;
-    const T *pf = FN(row_ahead)(x, xs, i, d, m, flags);
+    const T *pf = FN(fwd_ahead)(x, xs, i, d, m, k, flags);
     T *yr = y + (ptrdiff_t)i * ys;
     size_t head = 0;
     if (!nt || FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head))
