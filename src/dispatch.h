@@ -32,11 +32,11 @@ int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased);
  * more at two (8192x4096 0.96 / 1.08, 4096x8192 1.00 / 1.04). RMSNORM_BWD_AHEAD_32=1 / 0 sets it
  * for every call / none. */
 int rms_cpu_bwd_ahead_32(int nthreads);
-/* The forward's prefetch flags for a call run by nthreads threads: RMS_FWD_NEAR (32- and 64-bit
- * rows over 16 KiB prefetched into L1, a row ahead, rather than into L2, 64 KiB ahead) on AMD
- * CPUs from Zen 5 on, and with it RMS_FWD_AHEAD_32 (contiguous rows over 32 KiB prefetched 32 KiB
- * ahead rather than a row) at one thread only. RMSNORM_FWD_NEAR=0 / 1 and RMSNORM_FWD_AHEAD_32=0
- * / 1 set them for every call / none. */
+/* The forward's prefetch flags for a call run by nthreads threads: RMS_FWD_NEAR (rows over 16 KiB
+ * prefetched into L1, a row ahead, rather than into L2, 64 KiB ahead) on AMD CPUs from Zen 5 on,
+ * and with it RMS_FWD_AHEAD_32 (contiguous 32- and 64-bit rows over 32 KiB prefetched 32 KiB
+ * ahead rather than a row) at one thread only. RMSNORM_FWD_NEAR=1 / 0 and RMSNORM_FWD_AHEAD_32=1 / 0 set them for
+ * every call / none (FWD_AHEAD_32 only with FWD_NEAR on). */
 int rms_cpu_fwd_flags(int nthreads);
 /* Whether rows of row_bytes lean on the CPU's own prefetcher (RMS_HW_PREFETCH: short rows left to
  * it, longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512, every row on

@@ -792,15 +792,16 @@ FWD_NEAR_PROBE = """
 import os
 os.environ.setdefault("RMSNORM_FWD_NEAR", "1")  # the knob under test overrides it
 os.environ["RMSNORM_STREAM_BYTES"] = "{stream}"
-import sys, numpy as np, rmsnorm
+import sys, ml_dtypes, numpy as np, rmsnorm
 rng = np.random.default_rng(6)
 out = []
 """ + AT_OFFSET + KEEP + """
+dims = ((4, 5000, 1), (3, 8193, 1), (5, 12289, 1), (3, 20000, 1), (1, 9000, 1), (6, 8200, 2))
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
-    for dt in (np.float32, np.float64):
+    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
         # rows over 16 and 32 KiB, one row, and rows two strides apart (not contiguous)
-        for m, k, step in ((4, 5000, 1), (3, 8193, 1), (5, 12289, 1), (1, 9000, 1), (6, 8200, 2)):
+        for m, k, step in dims:
             x = rng.standard_normal((m * step, k)).astype(dt)[::step]
             x[1 % m] = 0  # rstd = 1 / sqrt(eps)
             x[-1, k // 2] = np.nan
@@ -817,13 +818,13 @@ sys.stdout.buffer.write(np.concatenate(out).tobytes())
 @pytest.mark.parametrize("stream", ["0", str(1 << 62)], ids=["streamed", "plain"])
 @pytest.mark.parametrize("knob", ["RMSNORM_FWD_NEAR", "RMSNORM_FWD_AHEAD_32"])
 def test_forward_prefetch_choices_do_not_change_results(knob, stream):
-    """RMSNORM_FWD_NEAR=1 has the forward prefetch 32- and 64-bit rows over 16 KiB into L1, a row
-    ahead, =0 into L2, 64 KiB ahead; RMSNORM_FWD_AHEAD_32=1 (with FWD_NEAR on) has it prefetch
-    contiguous rows over 32 KiB 32 KiB ahead, into the rest of the row and the start of the
-    next, =0 a row ahead (by default both on Zen 5, the second at one thread). Every ISA,
-    float32 and float64 rows of 20 KiB to 96 KiB, one row, rows that are not contiguous, a zero
-    row and a NaN, outputs streamed or not, on a line and off it, one thread or two: the same
-    bits either way."""
+    """RMSNORM_FWD_NEAR=1 has the forward prefetch rows over 16 KiB into L1, a row ahead, =0
+    into L2, 64 KiB ahead; RMSNORM_FWD_AHEAD_32=1 (with FWD_NEAR on) has it prefetch contiguous
+    32- and 64-bit rows over 32 KiB 32 KiB ahead, into the rest of the row and the start of the
+    next, =0 a row ahead (by default both on Zen 5, the second at one thread). Every ISA and dtype, rows of 10
+    KiB to 160 KiB, one row, rows that are not contiguous, a zero row and a NaN, outputs
+    streamed (16-bit rows then fused on AMD CPUs) or not, on a line and off it, one thread or
+    two: the same bits either way."""
     script = FWD_NEAR_PROBE.replace("{stream}", stream)
     runs = outputs_under_env(script, knob, ("0", "1"), np.uint8)
     assert runs[0].size > 0

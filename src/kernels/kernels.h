@@ -32,10 +32,10 @@ enum {
                             * (FN(add_early)) */
     RMS_BWD_AHEAD_32 = 8192, /* backward: 32- and 64-bit rows are prefetched 32 KiB ahead rather
                               * than 64 (FN(ahead)) */
-    RMS_FWD_NEAR = 16384,    /* forward: 32- and 64-bit rows over 16 KiB are prefetched into L1
-                              * too, a row ahead (FN(near)) */
-    RMS_FWD_AHEAD_32 = 32768 /* forward, with RMS_FWD_NEAR: contiguous rows over 32 KiB are
-                              * prefetched 32 KiB ahead rather than a row (FN(fwd_ahead)) */
+    RMS_FWD_NEAR = 16384,    /* forward: rows over 16 KiB are prefetched into L1 too, a row
+                              * ahead (FN(near)) */
+    RMS_FWD_AHEAD_32 = 32768 /* forward, with RMS_FWD_NEAR: contiguous 32- and 64-bit rows over
+                              * 32 KiB are prefetched 32 KiB ahead, not a row (FN(fwd_ahead)) */
 };
 
 /* Whether the kernels store the partial cache lines at the ends of a streamed row non-temporally

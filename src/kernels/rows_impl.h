@@ -565,14 +565,16 @@ static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, s
  * prefetched the same way, measured the same within 0.02. The AVX2 kernels on the 2-core Xeon
  * (`set_isa("avx2")`) lost on long rows (one thread: bfloat16 16384x4096 1.06, 1024x32768 1.07,
  * float16 1.07-1.08; two: bfloat16 1.03-1.04) and gained little on short ones (0.96 to 1.00;
- * bfloat16 262144x256 1.07 at two threads), so they keep L2 (near_bwd_16 in the ISA table). */
+ * bfloat16 262144x256 1.07 at two threads), so they keep L2 (near_bwd_16 in the ISA table).
+ * With RMS_FWD_NEAR (the driver sets it on Zen 5, rms_cpu_fwd_flags) the forward prefetches its
+ * rows over 16 KiB, of every type, into L1 too, a row ahead (RMS_FWD_AHEAD_32: FN(fwd_ahead)). */
 static inline int FN(near)(size_t k, const int pass, int flags) {
     size_t row = k * sizeof(T);
     size_t max = pass == RMS_P_BWD || (flags & RMS_HW_PREFETCH) ? 8192 : 16384;
+    if (pass == RMS_P_FWD && (flags & RMS_FWD_NEAR) && row > 16384)
+        return 1;
     if (sizeof(T) == 2)
         return pass == RMS_P_BWD && (flags & RMS_NEAR_16) && row <= 2048;
-    if (pass == RMS_P_FWD && (flags & RMS_FWD_NEAR))
-        max = SIZE_MAX;
     return row >= 4096 && row <= max;
 }
 
@@ -992,7 +994,10 @@ static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
 
 /* The forward's prefetch row for row i: FN(row_ahead), or with RMS_FWD_AHEAD_32, for contiguous
  * 32- and 64-bit rows over 32 KiB, the k elements 32 KiB ahead of row i: the rest of row i, which
- * its first pass read into L2, and the start of the next (none for the last row). */
+ * its first pass read into L2, and the start of the next (none for the last row). 16-bit rows
+ * keep a row: 32 KiB ahead lost where x fits in the L3 (bfloat16 256x65536 and 512x32768, float16
+ * 256x65536, one thread, 1.05 to 1.22 of the time on Zen 5) and gained 0 to 12% where it does
+ * not. */
 RMS_INLINE const T *FN(fwd_ahead)(const T *x, ptrdiff_t xs, size_t i, size_t d, size_t m,
                                   size_t k, int flags) {
     const size_t e = 32768 / sizeof(T);
