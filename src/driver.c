@@ -927,7 +927,7 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
             flags |= RMS_ANY_K;
     }
     int nt = team_size(total, pool_threads(pool, nthreads));
-    if (!a->r)
+    if (!a->r && (flags & RMS_STREAM)) /* outputs too large to stay in the cache */
         flags |= rms_cpu_fwd_flags(nt);
     own_w ow;
     if (own_w_open(&ow, kt, a->w, a->w_offset, a->k, a->flags, nt) < 0)
