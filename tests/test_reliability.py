@@ -823,8 +823,8 @@ def test_forward_prefetch_choices_do_not_change_results(knob, stream):
     32- and 64-bit rows over 32 KiB 32 KiB ahead, into the rest of the row and the start of the
     next, =0 a row ahead (by default both on Zen 5, the second at one thread). Every ISA and dtype, rows of 10
     KiB to 160 KiB, one row, rows that are not contiguous, a zero row and a NaN, outputs
-    streamed (16-bit rows then fused on AMD CPUs) or not, on a line and off it, one thread or
-    two: the same bits either way."""
+    streamed (where the choices apply; 16-bit rows then fused on AMD CPUs) or not, on a line
+    and off it, one thread or two: the same bits either way."""
     script = FWD_NEAR_PROBE.replace("{stream}", stream)
     runs = outputs_under_env(script, knob, ("0", "1"), np.uint8)
     assert runs[0].size > 0
