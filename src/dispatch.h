@@ -38,14 +38,14 @@ int rms_cpu_bwd_ahead_32(int nthreads);
  * ahead rather than a row) at one thread only. The driver asks for them only where the output
  * streams: in cache they cost time (float32 29x17389, one thread, 1.02 to 1.04 of it). There,
  * the two builds alternating in one process, page-aligned, new time over old, one / two threads:
- * float32 8192x6144 0.94 / 0.94, 4096x8192 0.96-1.00 / 0.91-0.93, 2048x16384 0.95-0.96 / 0.94,
- * 1024x32768 0.94-0.95 / 0.94-0.96, 256x65536 0.91-0.95 / 0.97-0.99; float64 8192x4096 0.95-0.98 /
- * 0.96-0.97; bfloat16 4096x12288 0.93 / 0.97, 1024x32768 0.98-1.01 / 0.93, 256x65536 0.87 / 0.99;
- * float16 1024x32768 0.95 / 0.87, 512x65536 0.81 / 0.87; rows of 16 KiB unchanged (float32
- * 16384x4096 1.00-1.01). 32 KiB ahead over a row, the same build with the switch on and off: one
- * thread, float32 1024x32768 0.91-0.93, 256x65536 0.88-0.90; two threads, a loss (1024x32768
- * 1.12, 256x65536 1.06-1.07). RMSNORM_FWD_NEAR=1 / 0 and RMSNORM_FWD_AHEAD_32=1 / 0 set them for
- * every such call / none (FWD_AHEAD_32 only with FWD_NEAR on). */
+ * float32 8192x6144 0.94-0.96 / 0.94-0.96, 4096x8192 0.96-1.00 / 0.91-0.93, 2048x16384
+ * 0.95-0.96 / 0.94, 1024x32768 0.94-0.95 / 0.94-0.96, 256x65536 0.91-0.95 / 0.97-0.99; float64
+ * 8192x4096 0.95-0.98 / 0.96-0.97; bfloat16 4096x12288 0.93 / 0.97, 1024x32768 1.01 / 0.93,
+ * 256x65536 0.87 / 0.99; float16 1024x32768 0.95 / 0.87, 512x65536 0.81 / 0.87; rows of 16 KiB
+ * unchanged (float32 16384x4096 1.00-1.01). 32 KiB ahead over a row, the same build with the
+ * switch on and off: one thread, float32 1024x32768 0.91-0.93, 256x65536 0.88-0.90; two threads,
+ * a loss (1024x32768 1.12, 256x65536 1.06-1.07). RMSNORM_FWD_NEAR=1 / 0 and RMSNORM_FWD_AHEAD_32=1
+ * / 0 set them for every such call / none (FWD_AHEAD_32 only with FWD_NEAR on). */
 int rms_cpu_fwd_flags(int nthreads);
 /* Whether rows of row_bytes lean on the CPU's own prefetcher (RMS_HW_PREFETCH: short rows left to
  * it, longer ones prefetched on every second line into L2): on AMD CPUs with AVX-512, every row on
