@@ -162,12 +162,18 @@ int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased) {
            (es < 4 || row_bytes < single_min || row_bytes >= single_max);
 }
 
+/* A choice made for calls on one thread only (`on`: this CPU's), unless env (a knob's override,
+ * -1 for none) sets it for every call. */
+static int one_thread_choice(int env, int on, int nthreads) {
+    return env >= 0 ? env : on && nthreads == 1;
+}
+
 int rms_cpu_bwd_ahead_32(int nthreads) {
-    return bwd_ahead_32_env >= 0 ? bwd_ahead_32_env : bwd_ahead_32 && nthreads == 1;
+    return one_thread_choice(bwd_ahead_32_env, bwd_ahead_32, nthreads);
 }
 
 int rms_cpu_fwd_flags(int nthreads) {
-    int ahead = fwd_ahead_32_env >= 0 ? fwd_ahead_32_env : fwd_ahead_32 && nthreads == 1;
+    int ahead = one_thread_choice(fwd_ahead_32_env, fwd_ahead_32, nthreads);
     return fwd_near ? RMS_FWD_NEAR | (ahead ? RMS_FWD_AHEAD_32 : 0) : 0;
 }
 
