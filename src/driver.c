@@ -894,11 +894,12 @@ static int lined(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t by
 }
 
 /* The kernel flags of the CPU's choices for rows of row_bytes in the forward and the add
- * (backward 0) or the backward (1): the hardware prefetch and the fusing of rows (dispatch.h). */
-static int cpu_row_flags(int backward, size_t row_bytes) {
+ * (backward 0) or the backward (1) on nt threads: the hardware prefetch and the fusing of rows
+ * (dispatch.h). */
+static int cpu_row_flags(int backward, size_t row_bytes, int nt) {
     return (rms_cpu_hw_prefetch(row_bytes) ? RMS_HW_PREFETCH : 0) |
            (rms_cpu_fuse_32() ? 0 : RMS_NO_FUSE_32) |
-           (rms_cpu_fuse_16(backward, row_bytes) ? RMS_FUSE_16 : 0);
+           (rms_cpu_fuse_16(backward, row_bytes, nt) ? RMS_FUSE_16 : 0);
 }
 
 int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
@@ -906,7 +907,8 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
     if (total == 0)
         return 0;
-    int flags = (a->flags & ~RMS_W_OWN) | cpu_row_flags(0, a->k * es);
+    int nt = team_size(total, pool_threads(pool, nthreads));
+    int flags = (a->flags & ~RMS_W_OWN) | cpu_row_flags(0, a->k * es, nt);
     if (a->r && a->k * es >= (es >= 4 ? early_h_bytes : early_h_bytes_16))
         flags |= RMS_EARLY_H;
     size_t bytes = total * es * (a->r ? 2 : 1);
@@ -926,7 +928,6 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
             !(on_lines(a->y, a->ys, es) && (!a->r || on_lines(a->h, a->hs, es))))
             flags |= RMS_ANY_K;
     }
-    int nt = team_size(total, pool_threads(pool, nthreads));
     if (!a->r && (flags & RMS_STREAM)) /* outputs too large to stay in the cache */
         flags |= rms_cpu_fwd_flags(nt);
     own_w ow;
@@ -1271,7 +1272,8 @@ static int rows_alias(ptrdiff_t s, size_t es) {
 int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
-    int flags = (a->flags & RMS_W_STORAGE) | cpu_row_flags(1, a->k * es) |
+    int nt = team_size(total, pool_threads(pool, nthreads)), cols = 0;
+    int flags = (a->flags & RMS_W_STORAGE) | cpu_row_flags(1, a->k * es, nt) |
                 (rms_cpu_near_16() ? RMS_NEAR_16 : 0);
     if (rms_cpu_pairs(a->k * es, es,
                       rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
@@ -1290,7 +1292,6 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
             memset(a->dgamma_x, 0, a->k * es);
         return 0;
     }
-    int nt = team_size(total, pool_threads(pool, nthreads)), cols = 0;
     if (nt > 1 && a->dgamma && split_columns(a, nt)) {
         if ((size_t)nt > a->k / 32) /* members get 32 columns or more */
             nt = (int)(a->k / 32);
