@@ -55,7 +55,18 @@ static size_t pairs_aliased_min = 0;         /* the shortest aliased rows paired
 static int pairs_env = -1;                    /* RMSNORM_PAIR_ROWS: 1 every row, 0 none */
 static int bwd_ahead_32 = 0, bwd_ahead_32_env = -1; /* rms_cpu_bwd_ahead_32; its override */
 static int fwd_near = 0, fwd_ahead_32 = 0, fwd_ahead_32_env = -1; /* rms_cpu_fwd_flags */
-static size_t single_min = 0, single_max = 0; /* 32- and 64-bit rows not paired: [min, max) */
+/* 32- and 64-bit rows not paired: [min, max). On Intel CPUs rows of 32 to 128 KiB (rms_cpu_pairs
+ * in dispatch.h). On AMD CPUs from Zen 5 on, rows under 4 KiB, which the CPU's own prefetcher
+ * fetches there (rms_cpu_hw_prefetch): the same build in one process with RMSNORM_PAIR_ROWS off
+ * and on, each pair in both orders, 64 MiB of x, page-aligned, one thread (two), one row at a
+ * time over pairs: float32 rows of 384 bytes 0.90 (0.97), 512 0.92 (0.98), 768 0.68 (0.81), 896
+ * 0.94 (0.93), 1 KiB 0.98 (0.98), 1280 bytes 0.69 (0.84), 1.5 KiB 0.80 (0.97), 2 KiB 0.80 (0.90),
+ * 3 KiB 0.86 (0.90), but 640 bytes 1.11-1.13 (0.97); float64 768 bytes 0.75, 1280 0.70, 2 KiB
+ * 0.78 (0.87), 3 KiB 0.82 (0.88); outputs 16 bytes past a page, float32 512 bytes 0.91, 640 0.88,
+ * 1280 0.88, 2 KiB 1.05, 3 KiB 0.91 (two); in cache the same within noise (2048x256 0.94, 4096x128
+ * 1.03, 4096x320 0.98, 1024x768 1.02; float64 2048x256 1.06). Rows of 4 and 8 KiB measured the
+ * same either way (0.97 to 1.00) and pair. */
+static size_t single_min = 0, single_max = 0;
 /* rms_cpu_hw_prefetch: rows shorter than this lean on the CPU's own prefetcher. */
 static size_t hw_prefetch_below = 0;
 /* 16-bit rows fused across rows (rms_cpu_fuse_16): in both passes (AMD CPUs), or in the
@@ -240,6 +251,7 @@ void rms_dispatch_init(void) {
     near_16 = intel;
     if (!intel) {
         pairs_aliased_min = !amd_avx512 ? (size_t)-1 : zen5 ? 12288 : 32768;
+        single_max = zen5 ? 4096 : 0; /* single_min 0: every row under 4 KiB */
     } else {
         single_min = 32768;
         single_max = 131072;

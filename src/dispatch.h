@@ -18,8 +18,9 @@ const rms_isa_table *rms_isa_current(void);
  * when consecutive rows share their offsets within 4 KiB pages (see rms_backward). Aliased rows
  * pair on Intel CPUs, where pairing measured faster, and on CPUs other than x86; on AMD CPUs
  * with AVX-512 from 32 KiB on Zen 4 and from 12 KiB on Zen 5 and later; never on other AMD CPUs.
- * On Intel CPUs, 32- and 64-bit rows of 32 to 128 KiB never pair: one at a time measured faster
- * there. RMSNORM_PAIR_ROWS=1 / 0 pairs every row the kernels can / none. */
+ * On Intel CPUs, 32- and 64-bit rows of 32 to 128 KiB never pair, nor on AMD CPUs from Zen 5 on
+ * those under 4 KiB: one at a time measured faster there (single_min in dispatch.c).
+ * RMSNORM_PAIR_ROWS=1 / 0 pairs every row the kernels can / none. */
 int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased);
 /* Whether the backward of a call run by nthreads threads prefetches its 32- and 64-bit rows 32 KiB
  * ahead rather than 64 (RMS_BWD_AHEAD_32): on AMD CPUs from Zen 5 on, at one thread only. There,
