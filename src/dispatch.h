@@ -34,7 +34,9 @@ int rms_cpu_pairs(size_t row_bytes, size_t es, int aliased);
  * for every call / none. */
 int rms_cpu_bwd_ahead_32(int nthreads);
 /* The forward's prefetch flags for a call run by nthreads threads: RMS_FWD_NEAR (rows over 16 KiB
- * prefetched into L1, a row ahead, rather than into L2, 64 KiB ahead) on AMD CPUs from Zen 5 on,
+ * prefetched into L1, a row ahead, rather than into L2, 64 KiB ahead, and 32- and 64-bit rows of
+ * 256 bytes to 4 KiB into L1, 16 KiB ahead, rather than left to the CPU's prefetcher: see
+ * FN(fwd_near) in rows_impl.h) on AMD CPUs from Zen 5 on,
  * and with it RMS_FWD_AHEAD_32 (contiguous 32- and 64-bit rows over 32 KiB prefetched 32 KiB
  * ahead rather than a row) at one thread only. The driver asks for them only where the output
  * streams: in cache they cost time (float32 29x17389, one thread, 1.02 to 1.04 of it). There,

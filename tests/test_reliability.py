@@ -796,11 +796,13 @@ import sys, ml_dtypes, numpy as np, rmsnorm
 rng = np.random.default_rng(6)
 out = []
 """ + AT_OFFSET + KEEP + """
-dims = ((4, 5000, 1), (3, 8193, 1), (5, 12289, 1), (3, 20000, 1), (1, 9000, 1), (6, 8200, 2))
+dims = ((4, 5000, 1), (3, 8193, 1), (5, 12289, 1), (3, 20000, 1), (1, 9000, 1), (6, 8200, 2),
+        (70, 64, 1), (40, 100, 1), (12, 700, 1), (9, 300, 2))
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-        # rows over 16 and 32 KiB, one row, and rows two strides apart (not contiguous)
+        # rows over 16 and 32 KiB, one row, rows two strides apart (not contiguous), and rows
+        # of 256 bytes to 4 KiB, several groups of the short ones
         for m, k, step in dims:
             x = rng.standard_normal((m * step, k)).astype(dt)[::step]
             x[1 % m] = 0  # rstd = 1 / sqrt(eps)
@@ -818,12 +820,14 @@ sys.stdout.buffer.write(np.concatenate(out).tobytes())
 @pytest.mark.parametrize("knob", ["RMSNORM_FWD_NEAR", "RMSNORM_FWD_AHEAD_32"])
 def test_forward_prefetch_choices_do_not_change_results(knob):
     """RMSNORM_FWD_NEAR=1 has the forward prefetch rows over 16 KiB into L1, a row ahead, =0
-    into L2, 64 KiB ahead; RMSNORM_FWD_AHEAD_32=1 (with FWD_NEAR on) has it prefetch contiguous
-    32- and 64-bit rows over 32 KiB 32 KiB ahead, into the rest of the row and the start of the
-    next, =0 a row ahead (by default both on Zen 5 for outputs that stream, the second at one
-    thread). Every ISA and dtype, rows of 10 KiB to 160 KiB, one row, rows that are not
-    contiguous, a zero row and a NaN, every output streamed (16-bit rows then fused on AMD
-    CPUs), on a line and off it, one thread or two: the same bits either way."""
+    into L2, 64 KiB ahead, and its 32- and 64-bit rows of 256 bytes to 4 KiB into L1, 16 KiB
+    ahead, =0 leave them to the CPU's prefetcher (Zen 5) or prefetch them into L2;
+    RMSNORM_FWD_AHEAD_32=1 (with FWD_NEAR on) has it prefetch contiguous 32- and 64-bit rows over
+    32 KiB 32 KiB ahead, into the rest of the row and the start of the next, =0 a row ahead (by
+    default both on Zen 5 for outputs that stream, the second at one thread). Every ISA and
+    dtype, rows of 128 bytes to 160 KiB, one row, rows that are not contiguous, a zero row and a
+    NaN, every output streamed, on a line and off it, one thread or two: the same bits either
+    way."""
     runs = outputs_under_env(FWD_NEAR_PROBE, knob, ("0", "1"), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])

@@ -521,6 +521,28 @@ static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, s
     return 1;
 }
 
+/* The forward's rows that RMS_FWD_NEAR prefetches into L1, a row or 16 KiB ahead: its rows over 16
+ * KiB, of every type (RMS_FWD_AHEAD_32: FN(fwd_ahead)), and its 32- and 64-bit rows of
+ * RMS_NEAR_FWD_MIN bytes or more, those under 4 KiB in place of the CPU's own prefetcher
+ * (RMS_HW_PREFETCH, which the add and the backward keep). On the 2-core Zen 5 VM, the same
+ * kernels with and without, 64 MiB of x, page-aligned, each pair in both orders, new time over
+ * old, one / two threads: float32 rows of 256 bytes 0.79 / 0.91, 384 bytes 0.90 / 0.93, 640 0.68 /
+ * 0.88, 768 0.71 / 0.86, 1 KiB 0.84 / 0.86, 1.5 KiB 0.88 / 0.87, 2 KiB 0.88 / 0.90, 3 KiB 0.80 /
+ * 0.88 (1.05-1.53 of a copy before, 0.94-1.03 after; 384 bytes 1.62 -> 1.45); float64 256 bytes
+ * 0.91 / 0.92, 384 0.87 / 0.90, 768 0.74 / 0.73, 2 KiB 0.88 / 0.81, 3 KiB 0.84 / 0.86; outputs 16
+ * bytes past a page, float32 640 bytes 0.74 / 0.88, 1 KiB 0.91 / 0.93, 2 KiB 0.84 / 0.88, 3 KiB
+ * 0.79 / 0.86 (rows of 256 and 384 bytes there take the line buffer, RMS_LINED: 0.94 to 1.01).
+ * 16-bit rows under 16 KiB measured either way (bfloat16 and float16 rows of 256 bytes to 16 KiB,
+ * 0.86 to 1.06) and keep L2. */
+#ifndef RMS_NEAR_FWD_MIN
+#define RMS_NEAR_FWD_MIN 256
+#endif
+static inline int FN(fwd_near)(size_t k, const int pass, int flags) {
+    size_t row = k * sizeof(T);
+    return pass == RMS_P_FWD && (flags & RMS_FWD_NEAR) &&
+           (row > 16384 || (sizeof(T) >= 4 && row >= RMS_NEAR_FWD_MIN));
+}
+
 /* Whether the rows of k elements of a pass are prefetched into L1, 16 KiB of input ahead, rather
  * than into L2, 64 KiB ahead: rows of 32- or 64-bit elements of 4 to 16 KiB for the forward and
  * the add, and of 4 to 8 KiB for the backward, whose first pass then reads from L1 while the row
@@ -566,12 +588,12 @@ static inline int FN(plan_stream)(const T *y, const T *h, size_t n, int flags, s
  * (`set_isa("avx2")`) lost on long rows (one thread: bfloat16 16384x4096 1.06, 1024x32768 1.07,
  * float16 1.07-1.08; two: bfloat16 1.03-1.04) and gained little on short ones (0.96 to 1.00;
  * bfloat16 262144x256 1.07 at two threads), so they keep L2 (near_bwd_16 in the ISA table).
- * With RMS_FWD_NEAR (the driver sets it on Zen 5, rms_cpu_fwd_flags) the forward prefetches its
- * rows over 16 KiB, of every type, into L1 too, a row ahead (RMS_FWD_AHEAD_32: FN(fwd_ahead)). */
+ * With RMS_FWD_NEAR (the driver sets it on Zen 5, rms_cpu_fwd_flags) the forward prefetches more
+ * rows into L1 (FN(fwd_near)). */
 static inline int FN(near)(size_t k, const int pass, int flags) {
     size_t row = k * sizeof(T);
     size_t max = pass == RMS_P_BWD || (flags & RMS_HW_PREFETCH) ? 8192 : 16384;
-    if (pass == RMS_P_FWD && (flags & RMS_FWD_NEAR) && row > 16384)
+    if (FN(fwd_near)(k, pass, flags))
         return 1;
     if (sizeof(T) == 2)
         return pass == RMS_P_BWD && (flags & RMS_NEAR_16) && row <= 2048;
@@ -982,7 +1004,7 @@ static inline size_t FN(fwd_group)(size_t k, const int nt) {
  * pair's first row and leave its second to the hardware, and single rows prefetch the next. */
 static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
     if ((flags & RMS_HW_PREFETCH) && sizeof(T) >= 4 &&
-        k * sizeof(T) <= (pass == RMS_P_FWD ? 8192u : 4096u))
+        k * sizeof(T) <= (pass == RMS_P_FWD ? 8192u : 4096u) && !FN(fwd_near)(k, pass, flags))
         return 0;
     size_t bytes = k * sizeof(T) * (pass == RMS_P_FWD ? 1 : 2);
     size_t reach = FN(near)(k, pass, flags)                                         ? 16 * 1024
