@@ -90,6 +90,7 @@ static size_t hw_prefetch_below = 0;
  * The forward fused measured slower (2-core Xeon, bfloat16, one thread: 16384x4096 1.04,
  * 65536x1024 1.15, 1024x32768 1.04). */
 static int fuse_16 = 0, fuse_16_bwd = 0;
+static size_t early_h_32 = 32768; /* rms_cpu_early_h_bytes */
 /* With fuse_16, the forward's rows of this many bytes or more still go in two passes: on Zen 5,
  * whose fused forward rows of 64 KiB or more take no prefetch (FN(fused_ahead)). The same build in
  * one process with RMSNORM_FUSE_16 off and on, each pair in both orders, one thread, new time
@@ -208,6 +209,8 @@ int rms_cpu_hw_prefetch(size_t row_bytes) { return row_bytes < hw_prefetch_below
 
 int rms_cpu_fuse_32(void) { return fuse_32; }
 
+size_t rms_cpu_early_h_bytes(void) { return early_h_32; }
+
 int rms_cpu_fuse_16(int backward, size_t row_bytes, int nthreads) {
     if (fuse_16)
         return backward ||
@@ -244,6 +247,7 @@ void rms_dispatch_init(void) {
     fuse_16_fwd_gap = zen5 ? 8192 : SIZE_MAX;
     fuse_16_fwd_gap_end = zen5 ? 16384 : 0;
     fuse_16_fwd_one = zen5;
+    early_h_32 = zen5 ? 16385 : 32768;
     fuse_16 = amd;
     fuse_16_bwd = !fuse_16;
     edges_min = intel ? 0 : zen5 ? 256 : SIZE_MAX;

@@ -58,6 +58,17 @@ int rms_cpu_hw_prefetch(size_t row_bytes);
 /* Whether 32- and 64-bit rows may be fused across rows (else RMS_NO_FUSE_32): not on AMD CPUs
  * from Zen 5 on, where rows in two passes measured faster. RMSNORM_FUSE_32=0 / 1 sets it. */
 int rms_cpu_fuse_32(void);
+/* The shortest 32- and 64-bit rows, in bytes, whose add stores h in its first pass (RMS_EARLY_H;
+ * see early_h_bytes in driver.c): 32 KiB, and on AMD CPUs from Zen 5 on rows over 16 KiB. Rows of
+ * 20 to 28 KiB, first left out, gained there: the 2-core Zen 5 VM, RMSNORM_EARLY_H_BYTES=16385
+ * over 32768 in one process, each pair in both orders, 64 MiB of x, one / two threads: float32
+ * rows of 20 KiB 0.97 / 0.94, 24 KiB 0.96 / 0.96, 28 KiB 0.92 / 0.93, outputs 16 bytes past a page
+ * 0.94-0.98 / 0.93-0.94; float64 20 KiB 0.98 / 0.94, 24 KiB 0.96 / 0.94, 28 KiB 0.94 / 0.96;
+ * rows of 16 KiB lost (1.04 / 1.00). A 16-core Intel Xeon measured them the other way, 1 / 4 /
+ * 16 threads, 256 MiB of x: float32 20 KiB 1.00 / 1.03 / 1.03, 24 KiB 0.98 / 0.99 / 1.02, 28 KiB
+ * 1.00 / 1.05 / 1.03; float64 24 KiB 1.00 / 0.99 / 1.01. RMSNORM_EARLY_H_BYTES sets the length
+ * for every type. */
+size_t rms_cpu_early_h_bytes(void);
 /* Whether the forward (backward = 0) or the backward (1) on nthreads threads fuses 16-bit rows of
  * row_bytes across rows as it does 32- and 64-bit ones (RMS_FUSE_16; the kernels fuse none under
  * 512 bytes). On AMD CPUs both passes fuse, where it measured faster (Zen 3, AVX2; Zen 5), except,

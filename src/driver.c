@@ -51,25 +51,22 @@ static int env_threads(const char *name) {
 /* Row pieces of this many bytes or more run their second pass backwards (see back_start). */
 static size_t back_bytes = (size_t)1 << 20;
 
-/* The add's streamed rows of this many bytes or more (32- and 64-bit: over 16 KiB; 16-bit: every
- * row) store h in their first pass (RMS_EARLY_H), where it streams out beside the reads of x and
- * r, and y alone in the second, rather than h and y both in the second: 32- and 64-bit rows not
- * fused across rows, and whose h is not x or r (FN(add_early)); 16-bit rows that are staged and
- * not pipelined, 1 KiB or more (FN(stage_row_h)). The choice on and off alternating in one
- * process, new time over old at one / two threads, 2-core AMD EPYC Zen 5 VM: float32 4096x12288
- * 0.91 / 0.91-0.92, 8192x8192 0.93-0.94 / 0.92-0.96, 1024x32768 0.93 / 0.92, 2048x16384 0.95 /
- * 0.97, 256x65536 0.95 / 1.02; float64 8192x4096 0.93 / 0.95; shorter float32 rows lost
- * (16384x4096 1.04 / 1.02, 65536x1024 1.07 / 1.03, 262144x256 1.14 / 1.04); bfloat16 131072x512
- * 0.85 / 0.94, 65536x1024 0.93 / 0.92, 16384x4096 0.92 / 0.91, 8192x8192 0.95 / 0.92, 4096x12288
- * 0.92-0.94 / 0.91, 1024x32768 0.95 / 0.86; float16 131072x512 0.83 / 0.92, 65536x1024 0.85 /
- * 0.92, 8192x8192 0.93 / 0.89, 2048x16384 0.99 / 0.95. 16-core Xeon, 1 / 4 / 16 threads: float32
- * 32768x8192 1.01 / 0.99 / 0.99, 8192x32768 0.97 / 0.99 / 1.01; bfloat16 32768x8192 0.94 / 0.93 /
- * 0.96, 524288x512 0.96 / 0.95 / 0.97; float16 8192x32768 0.91 / 0.92 / 0.97. Rows of 20 to 28
- * KiB, first left out, gained too (the Zen 5 VM, RMSNORM_EARLY_H_BYTES=16385 over the default, 64
- * MiB of x, one / two threads: float32 rows of 20 KiB 0.97 / 0.94, 24 KiB 0.96 / 0.96, 28 KiB 0.92
- * / 0.93, outputs 16 bytes past a page 0.94-0.98 / 0.93-0.94; float64 20 KiB 0.98 / 0.94, 24 KiB
- * 0.96 / 0.94, 28 KiB 0.94 / 0.96), where rows of 16 KiB lost (1.04 / 1.00). */
-static size_t early_h_bytes = 16385, early_h_bytes_16 = 0;
+/* The add's streamed rows of this many bytes or more (32- and 64-bit: rms_cpu_early_h_bytes, 32
+ * KiB, or over 16 KiB on Zen 5; 16-bit: every row) store h in their first pass (RMS_EARLY_H),
+ * where it streams out beside the reads of x and r, and y alone in the second, rather than h and y
+ * both in the second: 32- and 64-bit rows not fused across rows, and whose h is not x or r
+ * (FN(add_early)); 16-bit rows that are staged and not pipelined, 1 KiB or more (FN(stage_row_h)).
+ * The choice on and off alternating in one process, new time over old at one / two threads, 2-core
+ * AMD EPYC Zen 5 VM: float32 4096x12288 0.91 / 0.91-0.92, 8192x8192 0.93-0.94 / 0.92-0.96,
+ * 1024x32768 0.93 / 0.92, 2048x16384 0.95 / 0.97, 256x65536 0.95 / 1.02; float64 8192x4096 0.93 /
+ * 0.95; shorter float32 rows lost (16384x4096 1.04 / 1.02, 65536x1024 1.07 / 1.03, 262144x256 1.14
+ * / 1.04); bfloat16 131072x512 0.85 / 0.94, 65536x1024 0.93 / 0.92, 16384x4096 0.92 / 0.91,
+ * 8192x8192 0.95 / 0.92, 4096x12288 0.92-0.94 / 0.91, 1024x32768 0.95 / 0.86; float16 131072x512
+ * 0.83 / 0.92, 65536x1024 0.85 / 0.92, 8192x8192 0.93 / 0.89, 2048x16384 0.99 / 0.95. 16-core
+ * Xeon, 1 / 4 / 16 threads: float32 32768x8192 1.01 / 0.99 / 0.99, 8192x32768 0.97 / 0.99 / 1.01;
+ * bfloat16 32768x8192 0.94 / 0.93 / 0.96, 524288x512 0.96 / 0.95 / 0.97; float16 8192x32768 0.91 /
+ * 0.92 / 0.97. For rows of 20 to 28 KiB see rms_cpu_early_h_bytes. */
+static size_t early_h_bytes = 32768, early_h_bytes_16 = 0;
 
 /* The L3 cache that CPU 0 shares with its neighbours, in bytes (0 if unknown). Linux lists it in
  * sysfs from the CPU's cache topology; glibc's sysconf can report a virtual machine's host instead
@@ -132,6 +129,7 @@ void rms_threads_init(void) {
     s = getenv("RMSNORM_BACK_BYTES"); /* tuning knob: a huge value turns it off */
     if (s && *s)
         back_bytes = (size_t)strtoull(s, NULL, 10);
+    early_h_bytes = rms_cpu_early_h_bytes();
     s = getenv("RMSNORM_EARLY_H_BYTES"); /* tuning knob: 0 for every row, a huge value for none */
     if (s && *s)
         early_h_bytes = early_h_bytes_16 = (size_t)strtoull(s, NULL, 10);
