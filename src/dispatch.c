@@ -104,21 +104,18 @@ static size_t early_h_32 = 32768; /* rms_cpu_early_h_bytes */
  * either way (bfloat16 131072x512 1.05 / 0.94, float16 1.07 / 0.92; 65536x1024 1.10 / 0.79) and
  * stay fused. */
 static size_t fuse_16_fwd_below = SIZE_MAX, fuse_16_fwd_min = 0;
-/* And on Zen 5 the forward fuses its 16-bit rows on one thread only, and not rows over 8 KiB and
- * under 16 KiB (fuse_16_fwd_gap, fuse_16_fwd_gap_end). The same build in one process with
- * RMSNORM_FUSE_16 off and on, each pair in both orders, page-aligned, 96 MiB of x, unfused over
- * fused: one thread, bfloat16 rows of 10 KiB 0.86, 11 KiB 0.85, 12 KiB 0.60, 13 KiB 0.55, 14 KiB
- * 0.56, 15 KiB 0.60 (fused, 1.64 to 2.12 of a copy); float16 10 KiB 1.01, 12 KiB 0.66, 14 KiB
- * 0.60, 15 KiB 0.65; bfloat16 2048x6144 0.69, 32768x6144 0.63, outputs 16 bytes past a page 0.80;
- * rows of 8 KiB either way (bfloat16 0.96, float16 1.02), and rows from 16 KiB faster fused
- * (bfloat16 16 KiB 1.09, 20 KiB 1.18, 24 KiB 1.13, 32 KiB 1.15, 48 KiB 1.11; float16 16 KiB
- * 1.14, 24 KiB 1.23, 48 KiB 1.25), as were shorter rows (bfloat16 1 to 6 KiB 0.99 to 1.07,
- * float16 1.02 to 1.14). Two threads, unfused over fused: bfloat16 rows of 2 KiB 0.97, 4 KiB
- * 0.94, 6 KiB 0.94, 8 KiB 0.93, 10 KiB 0.89, 12 KiB 0.87, 14 KiB 0.86, 15 KiB 0.83, 16 KiB 0.92,
- * 24 KiB 0.91, 32 KiB 0.93, 48 KiB 0.96; float16 0.83 to 1.00 (12 KiB 0.83, 24 KiB 0.96, 32 KiB
- * 0.99). The backward keeps its rows fused at both (bfloat16 rows of 4 to 24 KiB, unfused over
- * fused, 1.05 to 1.20 at one thread and 1.07 to 1.14 at two). */
-static size_t fuse_16_fwd_gap = SIZE_MAX, fuse_16_fwd_gap_end = 0;
+/* And on Zen 5 the forward fuses its 16-bit rows on one thread only (fuse_16_fwd_one). The same
+ * build in one process with RMSNORM_FUSE_16 off and on, each pair in both orders, page-aligned,
+ * 96 MiB of x, unfused over fused, two threads: bfloat16 rows of 2 KiB 0.97, 4 KiB 0.94, 6 KiB
+ * 0.94, 8 KiB 0.93, 16 KiB 0.92, 24 KiB 0.91, 32 KiB 0.93, 48 KiB 0.96; float16 0.83 to 1.00 (24
+ * KiB 0.96, 32 KiB 0.99); with the 16-bit weight of rows over 4096 elements (storage_weight_k in
+ * avx512.c), rows of 9 to 15 KiB 0.90 to 1.03 (bfloat16 10 KiB 0.96, 15 KiB 0.90; float16 12 KiB
+ * 0.98). One thread: bfloat16 rows from 16 KiB 1.09 to 1.18 (16 KiB 1.09, 20 KiB 1.18, 32 KiB
+ * 1.15, 48 KiB 1.11), float16 1.14 to 1.25; rows of 1 to 8 KiB 0.96 to 1.14; rows of 9 to 15 KiB
+ * with the 16-bit weight either way (bfloat16 1.07 to 1.11 and float16 1.03 to 1.15 in one
+ * process; bfloat16 0.91 to 1.06 in later ones). The backward keeps its
+ * rows fused at both (bfloat16 rows of 4 to 24 KiB, unfused over fused, 1.05 to 1.20 at one
+ * thread and 1.07 to 1.14 at two). */
 static int fuse_16_fwd_one = 0;
 /* rms_cpu_stream_edges: 32- and 64-bit rows of edges_min bytes or more, 16-bit rows of
  * edges_min_16. Intel CPUs: every row. AMD CPUs from Zen 5 on: 32- and 64-bit rows of 256 bytes
@@ -215,7 +212,6 @@ int rms_cpu_fuse_16(int backward, size_t row_bytes, int nthreads) {
     if (fuse_16)
         return backward ||
                (row_bytes >= fuse_16_fwd_min && row_bytes < fuse_16_fwd_below &&
-                !(row_bytes > fuse_16_fwd_gap && row_bytes < fuse_16_fwd_gap_end) &&
                 (!fuse_16_fwd_one || nthreads == 1));
     return backward && fuse_16_bwd && row_bytes >= rms_isa_current()->fuse_bwd_16;
 }
@@ -244,8 +240,6 @@ void rms_dispatch_init(void) {
     fwd_near = fwd_ahead_32 = zen5;
     fuse_16_fwd_below = zen5 ? 65536 : SIZE_MAX;
     fuse_16_fwd_min = zen5 ? 1024 : 0;
-    fuse_16_fwd_gap = zen5 ? 8192 : SIZE_MAX;
-    fuse_16_fwd_gap_end = zen5 ? 16384 : 0;
     fuse_16_fwd_one = zen5;
     early_h_32 = zen5 ? 16385 : 32768;
     fuse_16 = amd;
@@ -270,7 +264,6 @@ void rms_dispatch_init(void) {
         fuse_16_bwd = 0;
         fuse_16_fwd_below = SIZE_MAX;
         fuse_16_fwd_min = 0;
-        fuse_16_fwd_gap = SIZE_MAX;
         fuse_16_fwd_one = 0;
     }
     int edges = env_switch("RMSNORM_STREAM_EDGES", -1); /* 1: every row; 0: none */

@@ -461,8 +461,8 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
 }
 
 /* A 16-bit gamma of x's own dtype (offset 0) goes to the kernels as it is, widened as it is
- * read, for fewer than STORAGE_WEIGHT_ROWS rows or rows of the ISA's storage_weight_k (8192)
- * elements or more.
+ * read, for fewer than STORAGE_WEIGHT_ROWS rows or rows of the ISA's storage_weight_k elements or
+ * more (8192; with AVX-512, over 4096: see rms_isa_avx512).
  * Widening it first costs a pass over a row's worth of weights (and, for rows longer than
  * RMS_W_OWN_K, a new array), which a few rows do not pay back, and a float32 weight of 32 KiB or
  * more no longer sits in L1 beside the row.
