@@ -91,6 +91,22 @@ static size_t hw_prefetch_below = 0;
  * 65536x1024 1.15, 1024x32768 1.04). */
 static int fuse_16 = 0, fuse_16_bwd = 0;
 static size_t early_h_32 = 32768; /* rms_cpu_early_h_bytes */
+/* rms_cpu_storage_weight_k: on Zen 5 and later, 16-bit rows of over 4096 elements read a 16-bit
+ * weight as it is, rather than from the kernel family's storage_weight_k (8192) on: beside the
+ * two rows of the fused forward (FN(fused), rms_cpu_fuse_16), a float32 weight of 20 KiB or more
+ * overflowed the 48 KiB L1, and rows of 10 to 15 KiB took up to twice their time. The 2-core Zen
+ * 5 VM, two builds alternating in one process, page-aligned, each pair in both orders, new time
+ * over old, one thread, the forward fused: bfloat16 rows of 10 KiB 0.88, 12 KiB 0.64, 14 KiB
+ * 0.51, 15 KiB 0.49 (1.56-2.13 of a copy before, 0.95-1.06 after); float16 0.51 to 0.89; in two
+ * passes at two threads 0.96 to 1.01; the backward 0.97 / 0.96 (bfloat16 8192x6144, one / two
+ * threads), the add 0.98 / 1.01; in cache the same (64x6144 1.01). Rows of 4096 keep the float32
+ * weight: in cache, read again for every row from L1, it is faster there (64x4096 one / two
+ * threads: forward 1.11 / 1.13, backward 1.12, float16 forward 1.13 of the time with the 16-bit
+ * weight). A 16-core Intel Xeon, whose forward does not fuse, measured the same change the other
+ * way at 1 / 4 / 16 threads: bfloat16 32768x6144 forward 0.98 / 0.98 / 0.94, but backward 1.08 /
+ * 1.01 / 1.02, add 1.05 / 1.07 / 1.03, and in cache 64x6144 forward 1.23 / 1.05 / 1.11, backward
+ * 1.17 (one thread), so other CPUs keep the family's length. */
+static size_t storage_k_zen5 = 0;
 /* With fuse_16, the forward's rows of this many bytes or more still go in two passes: on Zen 5,
  * whose fused forward rows of 64 KiB or more take no prefetch (FN(fused_ahead)). The same build in
  * one process with RMSNORM_FUSE_16 off and on, each pair in both orders, one thread, new time
@@ -108,8 +124,8 @@ static size_t fuse_16_fwd_below = SIZE_MAX, fuse_16_fwd_min = 0;
  * build in one process with RMSNORM_FUSE_16 off and on, each pair in both orders, page-aligned,
  * 96 MiB of x, unfused over fused, two threads: bfloat16 rows of 2 KiB 0.97, 4 KiB 0.94, 6 KiB
  * 0.94, 8 KiB 0.93, 16 KiB 0.92, 24 KiB 0.91, 32 KiB 0.93, 48 KiB 0.96; float16 0.83 to 1.00 (24
- * KiB 0.96, 32 KiB 0.99); with the 16-bit weight of rows over 4096 elements (storage_weight_k in
- * avx512.c), rows of 9 to 15 KiB 0.90 to 1.03 (bfloat16 10 KiB 0.96, 15 KiB 0.90; float16 12 KiB
+ * KiB 0.96, 32 KiB 0.99); with the 16-bit weight of rows over 4096 elements
+ * (rms_cpu_storage_weight_k), rows of 9 to 15 KiB 0.90 to 1.03 (bfloat16 10 KiB 0.96, 15 KiB 0.90; float16 12 KiB
  * 0.98). One thread: bfloat16 rows from 16 KiB 1.09 to 1.18 (16 KiB 1.09, 20 KiB 1.18, 32 KiB
  * 1.15, 48 KiB 1.11), float16 1.14 to 1.25; rows of 1 to 8 KiB 0.96 to 1.14; rows of 9 to 15 KiB
  * with the 16-bit weight either way (bfloat16 1.07 to 1.11 and float16 1.03 to 1.15 in one
@@ -208,6 +224,11 @@ int rms_cpu_fuse_32(void) { return fuse_32; }
 
 size_t rms_cpu_early_h_bytes(void) { return early_h_32; }
 
+size_t rms_cpu_storage_weight_k(void) {
+    size_t k = rms_isa_current()->storage_weight_k;
+    return k && storage_k_zen5 && storage_k_zen5 < k ? storage_k_zen5 : k;
+}
+
 int rms_cpu_fuse_16(int backward, size_t row_bytes, int nthreads) {
     if (fuse_16)
         return backward ||
@@ -242,6 +263,7 @@ void rms_dispatch_init(void) {
     fuse_16_fwd_min = zen5 ? 1024 : 0;
     fuse_16_fwd_one = zen5;
     early_h_32 = zen5 ? 16385 : 32768;
+    storage_k_zen5 = zen5 ? 4097 : 0;
     fuse_16 = amd;
     fuse_16_bwd = !fuse_16;
     edges_min = intel ? 0 : zen5 ? 256 : SIZE_MAX;

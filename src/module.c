@@ -462,7 +462,7 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
 
 /* A 16-bit gamma of x's own dtype (offset 0) goes to the kernels as it is, widened as it is
  * read, for fewer than STORAGE_WEIGHT_ROWS rows or rows of the ISA's storage_weight_k elements or
- * more (8192; with AVX-512, over 4096: see rms_isa_avx512).
+ * more (8192; over 4096 on Zen 5: rms_cpu_storage_weight_k).
  * Widening it first costs a pass over a row's worth of weights (and, for rows longer than
  * RMS_W_OWN_K, a new array), which a few rows do not pay back, and a float32 weight of 32 KiB or
  * more no longer sits in L1 beside the row.
@@ -481,7 +481,7 @@ static int sixteen_bit(int code) { return code == RMS_F16 || code == RMS_BF16; }
 
 /* Whether a 16-bit gamma of x's dtype (offset 0) goes to the kernels as it is, for rows of k */
 static int storage_weight(int code, size_t rows, size_t k) {
-    size_t storage_k = rms_isa_current()->storage_weight_k;
+    size_t storage_k = rms_cpu_storage_weight_k();
     return sixteen_bit(code) && k > 0 &&
            (rows < STORAGE_WEIGHT_ROWS || (storage_k && k >= storage_k));
 }

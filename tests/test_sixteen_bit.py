@@ -170,10 +170,10 @@ def test_dgamma_no_16bit_accumulation(dtype, gamma_dtype, each_isa, rng):
     ids=str,
 )
 def test_gamma_of_x_dtype_read_as_it_is(dtype, shape, offset, isa_threads, rng):
-    """A 16-bit gamma of x's dtype is read as it is for few rows or long rows (offset 0; over
-    4096 elements with AVX-512, from 8192 with the other kernels), or widened to float32 first:
-    by each thread into a row of its own for rows of up to 8192, by the calling thread past
-    that. Every way, bit for bit what its float32 widening gives.
+    """A 16-bit gamma of x's dtype is read as it is for few rows or long rows (offset 0; from
+    8192 elements, over 4096 on Zen 5), or widened to float32 first: by each thread into a row
+    of its own for rows of up to 8192, by the calling thread past that. Every way, bit for bit
+    what its float32 widening gives.
     (A widened -0 is +0, as when an offset of 0.0 is added to it.) 16x2048 has float32 weight
     rows that end on a page."""
     x = oracle.make_x(rng, shape, dtype)

@@ -77,21 +77,10 @@ static void stream_lines_avx512(void *dst, const void *src, size_t lines) {
         _mm512_stream_si512((__m512i *)dst + i, _mm512_load_si512((const __m512i *)src + i));
 }
 
-/* 16-bit rows of over 4096 elements read a 16-bit weight as it is (storage_weight_k, see
- * make_weights in module.c), from 8192 before: beside two rows of the fused forward (FN(fused)),
- * a float32 weight of 20 KiB or more overflowed the 48 KiB L1 of a Zen 5, and rows of 10 to 15
- * KiB took up to twice their time. The 2-core Zen 5 VM, the two builds alternating in one
- * process, page-aligned, each pair in both orders, new time over old, one thread, the forward
- * fused: bfloat16 rows of 10 KiB 0.88, 12 KiB 0.64, 14 KiB 0.51, 15 KiB 0.49 (1.56-2.13 of a copy
- * before, 0.95-1.06 after); float16 0.51 to 0.89; in two passes at two threads 0.96 to 1.01; the
- * backward 0.97 / 0.96 (bfloat16 8192x6144, one / two threads), the add 0.98 / 1.01; in cache
- * the same (64x6144 1.01). Rows of 4096 keep the float32 weight: in cache, read again
- * for every row from L1, it is faster there (64x4096 one / two threads: forward 1.11 / 1.13,
- * backward 1.12, float16 forward 1.13 of the time with the 16-bit weight). */
 const rms_isa_table rms_isa_avx512 = {"avx512",
                                       {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512),
                                        RMS_ENTRY(f16_avx512), RMS_ENTRY(bf16_avx512)},
-                                      4097, 0, 1024, 1, stream_lines_avx512};
+                                      8192, 0, 1024, 1, stream_lines_avx512};
 
 #if defined(__clang__)
 #pragma clang attribute pop
