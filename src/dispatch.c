@@ -121,17 +121,17 @@ static size_t storage_k_zen5 = 0;
  * stay fused. */
 static size_t fuse_16_fwd_below = SIZE_MAX, fuse_16_fwd_min = 0;
 /* And on Zen 5 the forward fuses its 16-bit rows on one thread only (fuse_16_fwd_one). The same
- * build in one process with RMSNORM_FUSE_16 off and on, each pair in both orders, page-aligned,
- * 96 MiB of x, unfused over fused, two threads: bfloat16 rows of 2 KiB 0.97, 4 KiB 0.94, 6 KiB
- * 0.94, 8 KiB 0.93, 16 KiB 0.92, 24 KiB 0.91, 32 KiB 0.93, 48 KiB 0.96; float16 0.83 to 1.00 (24
- * KiB 0.96, 32 KiB 0.99); with the 16-bit weight of rows over 4096 elements
- * (rms_cpu_storage_weight_k), rows of 9 to 15 KiB 0.90 to 1.03 (bfloat16 10 KiB 0.96, 15 KiB 0.90; float16 12 KiB
- * 0.98). One thread: bfloat16 rows from 16 KiB 1.09 to 1.18 (16 KiB 1.09, 20 KiB 1.18, 32 KiB
- * 1.15, 48 KiB 1.11), float16 1.14 to 1.25; rows of 1 to 8 KiB 0.96 to 1.14; rows of 9 to 15 KiB
- * with the 16-bit weight either way (bfloat16 1.07 to 1.11 and float16 1.03 to 1.15 in one
- * process; bfloat16 0.91 to 1.06 in later ones). The backward keeps its
- * rows fused at both (bfloat16 rows of 4 to 24 KiB, unfused over fused, 1.05 to 1.20 at one
- * thread and 1.07 to 1.14 at two). */
+ * build in one process with RMSNORM_FUSE_16 off and on, each pair in both orders, page-aligned, 96
+ * MiB of x, unfused over fused, two threads: bfloat16 rows of 2 KiB 0.97, 4 KiB 0.94, 6 KiB 0.94,
+ * 8 KiB 0.93, 16 KiB 0.92, 24 KiB 0.91, 32 KiB 0.93, 48 KiB 0.96; float16 0.83 to 1.00 (24 KiB
+ * 0.96, 32 KiB 0.99); with the 16-bit weight of rows over 4096 elements
+ * (rms_cpu_storage_weight_k), rows of 9 to 15 KiB 0.90 to 1.03 (bfloat16 10 KiB 0.96, 15 KiB 0.90;
+ * float16 12 KiB 0.98). One thread: bfloat16 rows from 16 KiB 1.09 to 1.18 (16 KiB 1.09, 20 KiB
+ * 1.18, 32 KiB 1.15, 48 KiB 1.11), float16 1.14 to 1.25; rows of 1 to 8 KiB 0.96 to 1.14; rows of
+ * 9 to 15 KiB with the 16-bit weight either way (bfloat16 1.07 to 1.11 and float16 1.03 to 1.15 in
+ * one process; bfloat16 0.91 to 1.06 in later ones). The backward keeps its rows fused at both
+ * (bfloat16 rows of 4 to 24 KiB, unfused over fused, 1.05 to 1.20 at one thread and 1.07 to 1.14
+ * at two). */
 static int fuse_16_fwd_one = 0;
 /* rms_cpu_stream_edges: 32- and 64-bit rows of edges_min bytes or more, 16-bit rows of
  * edges_min_16. Intel CPUs: every row. AMD CPUs from Zen 5 on: 32- and 64-bit rows of 256 bytes
