@@ -81,6 +81,54 @@ def test_short_rows_with_odd_rows_in_several_groups(dtype, k, each_isa, rng):
     oracle.assert_rstd_close(rr, r64, dtype)
 
 
+@pytest.mark.parametrize("n", (7, 1031, 4096))
+@pytest.mark.parametrize("gamma_f32", (False, True), ids=("gamma_x_dtype", "gamma_f32"))
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_nonfinite_gamma(dtype, gamma_f32, n, isa_threads, rng):
+    """NaN and +-Inf in gamma, with finite rows: the forward and the add give NaN in the NaN
+    weight's column and +-Inf in an infinite weight's (NaN where x is 0: 0 * Inf), and every
+    other column, rstd and h as with finite weights. The NaN has every payload bit set, which
+    rounding a float32 NaN to 16 bits by integer arithmetic alone would carry into the sign
+    (-0.0). The backward's dx depends on every weight through c = mean(dy * w * xhat), so it is
+    NaN throughout; dgamma does not, and stays finite."""
+    m = 6
+    x = oracle.make_x(rng, (m, n), dtype)
+    res = oracle.make_x(rng, (m, n), dtype)
+    dy = oracle.make_x(rng, (m, n), dtype, spread=False)
+    gdt = np.dtype(F32 if gamma_f32 and np.dtype(dtype) != F64 else dtype)
+    gamma = oracle.make_gamma(rng, (n,), gdt)
+    bad = [1, n // 2, n - 1]
+    ubits = np.dtype(f"u{gdt.itemsize}")
+    gamma[bad[0]] = np.array(np.iinfo(ubits).max >> 1, ubits).view(gdt)  # NaN, all payload bits
+    gamma[bad[1:]] = [np.inf, -np.inf]
+    assert np.isnan(oracle.as_f64(gamma[bad[0]]))
+    x[0, n // 2] = x[2, n - 1] = 0
+    res[0, n // 2] = res[2, n - 1] = 0
+    keep = np.setdiff1d(np.arange(n), bad)
+
+    def check(y, y64, rstd, r64):
+        oracle.assert_rstd_close(rstd, r64, dtype)
+        oracle.assert_y_close(y[:, keep], y64[:, keep], 1, dtype)
+        got = oracle.as_f64(y[:, bad])
+        assert np.array_equal(got, y64[:, bad], equal_nan=True), (got, y64[:, bad])
+
+    y, rstd = rmsnorm.rms_norm(x, gamma)
+    y64, _, r64, _ = oracle.forward(x, gamma)
+    check(y, y64, rstd, r64)
+    assert np.isnan(y64[0, n // 2]) and np.isinf(y64[1, n // 2])  # the oracle's own columns
+
+    yr, rr, h = rmsnorm.add_rms_norm(x, res, gamma)
+    h64, yr64, _, rr64, _ = oracle.add_rms_norm(x, res, gamma)
+    assert oracle.bits_equal(h, oracle.round_to(h64, dtype))
+    check(yr, yr64, rr, rr64)
+
+    dx, dg = rmsnorm.rms_norm_backward(dy, x, gamma, rstd)
+    assert np.all(np.isnan(oracle.as_f64(dx)))
+    _, dg64, _, dg_abs = oracle.backward(dy, x, gamma, rstd)
+    assert np.all(np.isfinite(oracle.as_f64(dg)))
+    oracle.assert_dgamma_close(dg, dg64, dg_abs, gamma.dtype, dtype)
+
+
 # ---------------------------------------------------------------------------------------
 # zero rows
 
