@@ -199,16 +199,17 @@ static inline __m256i mask64(size_t n) {
 #define V_CPNT V_CPNT_16
 #define V_ST2(p, a, b, nt) store2_f16((p), (a), (b), (nt))
 #define V_RND(v) _mm256_cvtph_ps(_mm256_cvtps_ph((v), RMS_F16_RNE))
-/* Float16 rows, whose conversions are single instructions, are bound by memory rather than by
- * their arithmetic, and the fused forward prefetches ahead at every row length, where other
- * 16-bit rows under 4 KiB and of 64 KiB or more prefetch nothing (see FN(fused_ahead)). AMD EPYC
- * (Zen 3), two builds alternating in one process, each pair in both orders, the same bits, new
- * time over old at one / two threads: rows under 4 KiB, 65536x1024 0.76-0.83 / 0.76-0.80,
- * 43690x1536 0.73-0.81 / 0.71-0.84, 131072x512 0.75-0.93 / 0.78-0.92, 262144x256 0.96-0.99 /
- * 0.84, 174762x384 0.92-1.12 / 0.92-1.06; rows of 64 KiB or more, 1024x32768 0.74-0.76 /
- * 0.78-0.80, 256x65536 0.78-0.86 / 0.78-1.01, 512x65536 0.70-0.79 (two copies of one build:
- * 0.98-1.02 / 1.00-1.04). */
-#define V_PF_FUSED_16 1
+/* The fused forward of float16 rows prefetches ahead at every length that fuses (512 bytes and
+ * more), where the kernels of other ISAs leave 16-bit rows under 4 KiB and of 64 KiB or more to
+ * the hardware (see FN(fused_ahead)):
+ * the conversions are single instructions, and the rows are bound by memory rather than by their
+ * arithmetic. AMD EPYC (Zen 3), two builds alternating in one process, each pair in both orders,
+ * the same bits, new time over old at one / two threads: rows under 4 KiB, 65536x1024 0.76-0.83
+ * / 0.76-0.80, 43690x1536 0.73-0.81 / 0.71-0.84, 131072x512 0.75-0.93 / 0.78-0.92, 262144x256
+ * 0.96-0.99 / 0.84, 174762x384 0.92-1.12 / 0.92-1.06; rows of 64 KiB or more, 1024x32768
+ * 0.74-0.76 / 0.78-0.80, 256x65536 0.78-0.86 / 0.78-1.01, 512x65536 0.70-0.79 (two copies of
+ * one build: 0.98-1.02 / 1.00-1.04). */
+#define V_PF_FUSED_16 512
 #include "rows_impl.h"
 
 #define RMS_DT 3
@@ -222,6 +223,11 @@ static inline __m256i mask64(size_t n) {
 #define V_DOT2(acc, p) dot2_bf16((acc), (const void *)(p))
 #define V_PACK2DOT(acc, lo, hi) pack2dot_bf16((acc), (lo), (hi))
 #define V_RND(v) bf16x8_rnd(v)
+/* Bfloat16 rows of 64 KiB or more prefetch too (1024x32768 0.78-0.86 / 0.87-0.92, 256x65536
+ * 0.80-0.84 / 0.86-0.96, 512x65536 0.87 at one thread, measured as float16's above); rows under
+ * 4 KiB, bound by their arithmetic, measured either way (131072x512 1.05, 65536x1024 0.97-0.98,
+ * 262144x256 0.95-1.10 at one thread) and keep none. */
+#define V_PF_FUSED_16 4096
 #include "rows_impl.h"
 
 /* double compute: f64 */

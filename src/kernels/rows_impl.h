@@ -18,8 +18,8 @@
  * V_DOT2(acc, p) / V_PACK2DOT(acc, lo, hi), pairwise sums of squares of 2W storage elements
  * (read, or packed from two rounded vectors) for the forward and the add alike, and
  * V_HSUM8(a, s), s[j] = A_SUM(a[j]) for eight accumulators at once (FN(sums)), and
- * V_PF_FUSED_16 (0 unless defined), whether the fused forward of 16-bit rows prefetches ahead
- * at every row length (see FN(fused_ahead)).
+ * V_PF_FUSED_16, the shortest 16-bit rows (in bytes) whose fused forward prefetches ahead, with
+ * no longest (see FN(fused_ahead)).
  *
  * Row sums end in float64: short runs of compute-type FMAs in several independent accumulators
  * (hiding FMA latency) are flushed into float64 before they can lose accuracy, so the sum is
@@ -1147,14 +1147,18 @@ static inline int FN(fused)(size_t m, size_t k, int flags, const int nt, const i
  * rows take none (RMS_BWD_LONG), nor do forward rows of 64 KiB or more (float32 1024x32768
  * 1.05-1.12 / 1.03-1.09 with it, float64 4096x8192 1.04 / 1.01), nor do 16-bit forward rows under
  * 4 KiB: bfloat16, bound by its arithmetic with AVX2, measured slower with it (262144x256
- * 1.06-1.07, 131072x512 1.03 at one and two threads). The ISA file may keep the prefetch for a
- * 16-bit type at every length (V_PF_FUSED_16). */
-#ifndef V_PF_FUSED_16
-#define V_PF_FUSED_16 0
+ * 1.06-1.07, 131072x512 1.03 at one and two threads). An ISA file may set the 16-bit rows that
+ * prefetch otherwise (V_PF_FUSED_16: from that many bytes, however long). */
+#ifdef V_PF_FUSED_16
+#define RMS_PF16_LO ((size_t)V_PF_FUSED_16)
+#define RMS_PF16_HI SIZE_MAX
+#else
+#define RMS_PF16_LO ((size_t)4096)
+#define RMS_PF16_HI ((size_t)65536)
 #endif
 static inline size_t FN(fused_ahead)(size_t k, const int pass, int flags) {
     size_t d = FN(ahead)(1, k, pass, flags), rb = k * sizeof(T);
-    const int none = sizeof(T) == 2 ? !V_PF_FUSED_16 && (rb < 4096 || rb >= 65536) : rb >= 65536;
+    const int none = sizeof(T) == 2 ? rb < RMS_PF16_LO || rb >= RMS_PF16_HI : rb >= 65536;
     if (pass == RMS_P_FWD && none)
         return 0;
     if (RMS_BWD_LONG_ROW(pass, k * sizeof(T)))
@@ -1332,6 +1336,8 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
 #undef V_ST2
 #undef V_PACK2DOT
 #undef V_PF_FUSED_16
+#undef RMS_PF16_LO
+#undef RMS_PF16_HI
 #undef RMS_KIND_DOT2
 #undef V_CPNT
 #undef RMS_OWN_CPNT
