@@ -202,12 +202,12 @@ static inline __m256i mask64(size_t n) {
 /* The fused forward of float16 rows prefetches ahead at every length that fuses (512 bytes and
  * more), where the kernels of other ISAs leave 16-bit rows under 4 KiB and of 64 KiB or more to
  * the hardware (see FN(fused_ahead)): the conversions are single instructions, and the rows are
- * bound by memory rather than by their arithmetic. AMD EPYC (Zen 3), two builds alternating in one process, each pair in both orders,
- * the same bits, new time over old at one / two threads: rows under 4 KiB, 65536x1024 0.76-0.83
- * / 0.76-0.80, 43690x1536 0.73-0.81 / 0.71-0.84, 131072x512 0.75-0.93 / 0.78-0.92, 262144x256
- * 0.96-0.99 / 0.84, 174762x384 0.92-1.12 / 0.92-1.06; rows of 64 KiB or more, 1024x32768
- * 0.74-0.76 / 0.78-0.80, 256x65536 0.78-0.86 / 0.78-1.01, 512x65536 0.70-0.79 (two copies of
- * one build: 0.98-1.02 / 1.00-1.04). */
+ * bound by memory rather than by their arithmetic. AMD EPYC (Zen 3), two builds alternating in
+ * one process, each pair in both orders, the same bits, new time over old at one / two threads:
+ * rows under 4 KiB, 65536x1024 0.76-0.83 / 0.76-0.80, 43690x1536 0.73-0.81 / 0.71-0.84,
+ * 131072x512 0.75-0.93 / 0.78-0.92, 262144x256 0.96-0.99 / 0.84, 174762x384 0.92-1.12 /
+ * 0.92-1.06; rows of 64 KiB or more, 1024x32768 0.74-0.76 / 0.78-0.80, 256x65536 0.78-0.86 /
+ * 0.78-1.01, 512x65536 0.70-0.79 (two copies of one build: 0.98-1.02 / 1.00-1.04). */
 #define V_PF_FUSED_16 512
 #include "rows_impl.h"
 

@@ -1161,7 +1161,7 @@ static inline size_t FN(fused_ahead)(size_t k, const int pass, int flags) {
     const int none = sizeof(T) == 2 ? rb < RMS_PF16_LO || rb >= RMS_PF16_HI : rb >= 65536;
     if (pass == RMS_P_FWD && none)
         return 0;
-    if (RMS_BWD_LONG_ROW(pass, k * sizeof(T)))
+    if (RMS_BWD_LONG_ROW(pass, rb))
         return 0;
     return d ? d + 1 : 0;
 }
