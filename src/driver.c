@@ -383,10 +383,51 @@ static size_t dg_pitch(size_t k, size_t cs) {
     return (k * cs + RMS_DG_ALIGN - 1) / RMS_DG_ALIGN * RMS_DG_ALIGN + RMS_DG_GAP;
 }
 
-/* n rows of k entries of cs bytes, dg_pitch apart, or NULL when out of memory. */
+/* The members' rows (their weight rows and partial dgamma rows) take n x dg_pitch bytes a call.
+ * glibc gives such page-aligned blocks above its mmap threshold (128 KiB: eight members' rows of
+ * 4096 floats) a new mapping each time, so every call faulted the members' pages in and unmapped
+ * them again, which interrupts every core the process runs on. Blocks of up to RMS_KEEP_BYTES
+ * are kept for the next call instead, one in each of RMS_KEEP_SLOTS slots (a backward holds two
+ * blocks at once). A call takes a slot's block by an atomic exchange, so no two calls share one;
+ * a call that finds none large enough allocates its own. A block's first page holds its size,
+ * and its rows start on the next. 16-core Xeon, 16 threads, two builds alternating in one
+ * process, each pair in both orders, new time over old: bfloat16 16384x4096 forward (weight
+ * rows of 4096 floats) 0.92-0.93, backward 0.93-0.94, 8192x8192 backward 0.95-0.96, float32
+ * 8192x8192 backward 0.97; at 4 and 8 threads 0.98 to 1.00; forwards with no rows of their own
+ * (bfloat16 and float32 8192x8192) 0.99 to 1.01. */
+#define RMS_KEEP_BYTES ((size_t)8 << 20)
+#define RMS_KEEP_SLOTS 2
+static char *kept[RMS_KEEP_SLOTS];
+
+/* n rows of k entries of cs bytes, dg_pitch apart, or NULL when out of memory; rows_free gives
+ * them back. */
 static char *member_rows(int n, size_t k, size_t cs) {
+    size_t bytes = (size_t)n * dg_pitch(k, cs) + RMS_DG_ALIGN;
+    for (int i = 0; i < RMS_KEEP_SLOTS; i++) {
+        char *b = __atomic_exchange_n(&kept[i], NULL, __ATOMIC_ACQ_REL);
+        if (b && *(size_t *)b >= bytes)
+            return b + RMS_DG_ALIGN;
+        free(b); /* too small: a larger block takes its slot */
+    }
     void *p = NULL;
-    return posix_memalign(&p, RMS_DG_ALIGN, (size_t)n * dg_pitch(k, cs)) ? NULL : p;
+    if (posix_memalign(&p, RMS_DG_ALIGN, bytes))
+        return NULL;
+    *(size_t *)p = bytes;
+    return (char *)p + RMS_DG_ALIGN;
+}
+
+/* Rows from member_rows (or NULL), kept in a free slot where they are small enough. */
+static void rows_free(char *rows) {
+    if (!rows)
+        return;
+    char *b = rows - RMS_DG_ALIGN;
+    for (int i = 0; i < RMS_KEEP_SLOTS && *(size_t *)b <= RMS_KEEP_BYTES; i++) {
+        char *none = NULL;
+        if (__atomic_compare_exchange_n(&kept[i], &none, b, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return;
+    }
+    free(b);
 }
 
 /* The line at p, which follows the part of a row of the driver's own (a member's weight row or
@@ -948,7 +989,7 @@ int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
         j.ow = ow;
         run_team(nt, 2 + j.rstd_apart, fwd_phase, rstd_phase, &j, pool);
     }
-    free(ow.rows);
+    rows_free(ow.rows);
     return 0;
 }
 
@@ -1208,7 +1249,7 @@ static int bwd_cols(const rms_kernels *kt, const rms_bwd_args *a, int nt, int fl
     }
     cols_job j = {kt, a, dots, flags, *ow, dg_rows};
     run_team(nt, 2, cols_phase, NULL, &j, pool);
-    free(dg_rows);
+    rows_free(dg_rows);
     free(dots);
     return 0;
 }
@@ -1236,7 +1277,7 @@ static int bwd_split(const rms_kernels *kt, const rms_bwd_args *a, int nt, int f
     j.flags = flags;
     j.ow = *ow;
     run_team(nt, dg_rows ? 3 : 2, bwd_phase, NULL, &j, pool);
-    free(dg_rows);
+    rows_free(dg_rows);
     return 0;
 }
 
@@ -1305,7 +1346,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
     if (own_w_open(&ow, kt, a->w, a->w_offset, a->k, a->flags, nt > 1 ? nt : 1) < 0)
         return -1;
     int rc = cols ? bwd_cols(kt, a, nt, flags, &ow, pool) : bwd_split(kt, a, nt, flags, &ow, pool);
-    free(ow.rows);
+    rows_free(ow.rows);
     return rc;
 }
 

@@ -299,6 +299,17 @@ def test_a_million_rows_of_one(threads, rng):
 # concurrency
 
 
+def run_threads(calls):
+    """Runs each (function, argument) pair on a Python thread of its own, all at once, and
+    waits for them (60 s at most)."""
+    threads = [threading.Thread(target=f, args=(arg,)) for f, arg in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+
+
 def test_concurrent_calls_with_changing_settings(rng):
     """8 Python threads: 6 compute (all three functions, several dtypes) and check every
     result, 2 keep switching the ISA and the thread count meanwhile."""
@@ -344,13 +355,54 @@ def test_concurrent_calls_with_changing_settings(rng):
             errors.append(("switch", e))
 
     with using():
-        threads = [threading.Thread(target=compute, args=(i,)) for i in range(6)]
-        threads += [threading.Thread(target=switch, args=(s,)) for s in (1, 2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in threads), "a thread hung"
+        run_threads([(compute, i) for i in range(6)] + [(switch, s) for s in (1, 2)])
+    assert not errors, errors[:3]
+    assert all(c > 0 for c in counts)
+
+
+def test_members_rows_kept_between_calls(rng):
+    """The members' own weight rows (16-bit gamma of x's dtype) and partial dgamma rows are kept
+    from call to call: 6 Python threads, each calling on a team of 4 with rows of its own
+    length at once, get the bits each case gives alone (dgamma: within the oracle's bound, as
+    the team may differ), and the case alone matches the float64 oracle."""
+    shapes = ((oracle.BF16, 64, 4096), (F16, 96, 2000), (oracle.BF16, 24, 8192), (F32, 64, 5000),
+              (oracle.BF16, 32, 1024), (F16, 48, 6000))
+    cases = []
+    with using(threads=4):
+        for dt, m, k in shapes:
+            x = oracle.make_x(rng, (m, k), dt)
+            g = oracle.make_gamma(rng, (k,), dt)
+            dy = oracle.make_x(rng, (m, k), dt, spread=False)
+            y, rstd = rmsnorm.rms_norm(x, g)
+            dx, dg = rmsnorm.rms_norm_backward(dy, x, g, rstd)
+            y64, _, r64, _ = oracle.forward(x, g)
+            oracle.assert_y_close(y, y64, 1, dt)
+            oracle.assert_rstd_close(rstd, r64, dt)
+            dx64, dg64, scale, dg_abs = oracle.backward(dy, x, g, rstd)
+            oracle.assert_dx_close(dx, dx64, scale, dt)
+            oracle.assert_dgamma_close(dg, dg64, dg_abs, dt, dt)
+            cases.append((x, g, dy, y, rstd, dx, dg64, dg_abs))
+    stop = time.monotonic() + 1.5
+    errors = []
+    counts = [0] * len(cases)
+    barrier = threading.Barrier(len(cases))
+
+    def compute(i):
+        x, g, dy, y_ref, rstd_ref, dx_ref, dg64, dg_abs = cases[i]
+        barrier.wait()
+        try:
+            while time.monotonic() < stop:
+                y, rstd = rmsnorm.rms_norm(x, g)
+                assert oracle.bits_equal(y, y_ref) and oracle.bits_equal(rstd, rstd_ref)
+                dx, dg = rmsnorm.rms_norm_backward(dy, x, g, rstd)
+                assert oracle.bits_equal(dx, dx_ref)
+                oracle.assert_dgamma_close(dg, dg64, dg_abs, x.dtype, x.dtype)
+                counts[i] += 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((i, e))
+
+    with using(threads=4):
+        run_threads([(compute, i) for i in range(len(cases))])
     assert not errors, errors[:3]
     assert all(c > 0 for c in counts)
 
