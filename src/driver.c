@@ -384,9 +384,9 @@ static size_t dg_pitch(size_t k, size_t cs) {
 }
 
 /* The members' rows (their weight rows and partial dgamma rows) take n x dg_pitch bytes a call.
- * glibc gives such page-aligned blocks above its mmap threshold (128 KiB: eight members' rows of
- * 4096 floats) a new mapping each time, so every call faulted the members' pages in and unmapped
- * them again, which interrupts every core the process runs on. Blocks of up to RMS_KEEP_BYTES
+ * glibc gives such page-aligned blocks above its mmap threshold (128 KiB, which six members'
+ * rows of 4096 floats pass) a new mapping each time, so every call faulted the members' pages in
+ * and unmapped them again, which interrupts every core the process runs on. Blocks of up to RMS_KEEP_BYTES
  * are kept for the next call instead, one in each of RMS_KEEP_SLOTS slots (a backward holds two
  * blocks at once). A call takes a slot's block by an atomic exchange, so no two calls share one;
  * a call that finds none large enough allocates its own. A block's first page holds its size,
