@@ -384,14 +384,14 @@ static size_t dg_pitch(size_t k, size_t cs) {
 }
 
 /* The members' rows (their weight rows and partial dgamma rows) take n x dg_pitch bytes a call.
- * glibc gives such page-aligned blocks above its mmap threshold (128 KiB, which six members'
- * rows of 4096 floats pass) a new mapping each time, so every call faulted the members' pages in
- * and unmapped them again, which interrupts every core the process runs on. Blocks of up to RMS_KEEP_BYTES
- * are kept for the next call instead, one in each of RMS_KEEP_SLOTS slots (a backward holds two
- * blocks at once). A call takes a slot's block by an atomic exchange, so no two calls share one;
- * a call that finds none large enough allocates its own. A block's first page holds its size,
- * and its rows start on the next. 16-core Xeon, 16 threads, two builds alternating in one
- * process, each pair in both orders, new time over old: bfloat16 16384x4096 forward (weight
+ * glibc gives such page-aligned blocks above its mmap threshold (128 KiB, which six members' rows
+ * of 4096 floats pass) a new mapping each time, so every call faulted the members' pages in and
+ * unmapped them again, which interrupts every core the process runs on. Blocks of up to
+ * RMS_KEEP_BYTES are kept for the next call instead, one in each of RMS_KEEP_SLOTS slots (a
+ * backward holds two blocks at once). A call takes a slot's block by an atomic exchange, so no two
+ * calls share one; a call that finds none large enough allocates its own. A block's first page
+ * holds its size, and its rows start on the next. 16-core Xeon, 16 threads, two builds alternating
+ * in one process, each pair in both orders, new time over old: bfloat16 16384x4096 forward (weight
  * rows of 4096 floats) 0.92-0.93, backward 0.93-0.94, 8192x8192 backward 0.95-0.96, float32
  * 8192x8192 backward 0.97; at 4 and 8 threads 0.98 to 1.00; forwards with no rows of their own
  * (bfloat16 and float32 8192x8192) 0.99 to 1.01. */

@@ -299,15 +299,33 @@ def test_a_million_rows_of_one(threads, rng):
 # concurrency
 
 
-def run_threads(calls):
-    """Runs each (function, argument) pair on a Python thread of its own, all at once, and
-    waits for them (60 s at most)."""
-    threads = [threading.Thread(target=f, args=(arg,)) for f, arg in calls]
+def repeat_on_threads(calls, seconds):
+    """Calls step(arg) over and over for `seconds`, on a Python thread of its own for each
+    (step, arg) pair, all starting together; fails on a thread that hangs (60 s) or on the
+    errors the threads met. Returns how many times each step ran."""
+    stop = time.monotonic() + seconds
+    barrier = threading.Barrier(len(calls))
+    counts = [0] * len(calls)
+    errors = []
+
+    def loop(i):
+        step, arg = calls[i]
+        barrier.wait()
+        try:
+            while time.monotonic() < stop:
+                step(arg)
+                counts[i] += 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((step.__name__, arg, e))
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(calls))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors[:3]
+    return counts
 
 
 def test_concurrent_calls_with_changing_settings(rng):
@@ -321,43 +339,27 @@ def test_concurrent_calls_with_changing_settings(rng):
         dy = oracle.make_x(rng, x.shape, dt, spread=False)
         h_ref, y64, _, r64, _ = oracle.add_rms_norm(x, res, g)
         cases.append((x, g, res, dy, h_ref, y64, r64))
-    stop = time.monotonic() + 2.0
-    errors = []
-    counts = [0] * len(cases)
-    barrier = threading.Barrier(8)
 
     def compute(i):
         x, g, res, dy, h_ref, y64, r64 = cases[i]
-        barrier.wait()
-        try:
-            while time.monotonic() < stop:
-                y, rstd, h = rmsnorm.add_rms_norm(x, res, g)
-                assert oracle.bits_equal(h, h_ref)
-                oracle.assert_y_close(y, y64, 1, x.dtype)
-                oracle.assert_rstd_close(rstd, r64, x.dtype)
-                y2, _ = rmsnorm.rms_norm(h, g)
-                oracle.assert_y_close(y2, y64, 1, x.dtype)
-                dx, _ = rmsnorm.rms_norm_backward(dy, h, g, rstd)
-                assert dx.shape == x.shape and np.all(np.isfinite(oracle.as_f64(dx)))
-                counts[i] += 1
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append((i, e))
+        y, rstd, h = rmsnorm.add_rms_norm(x, res, g)
+        assert oracle.bits_equal(h, h_ref)
+        oracle.assert_y_close(y, y64, 1, x.dtype)
+        oracle.assert_rstd_close(rstd, r64, x.dtype)
+        y2, _ = rmsnorm.rms_norm(h, g)
+        oracle.assert_y_close(y2, y64, 1, x.dtype)
+        dx, _ = rmsnorm.rms_norm_backward(dy, h, g, rstd)
+        assert dx.shape == x.shape and np.all(np.isfinite(oracle.as_f64(dx)))
 
-    def switch(seed):
-        r = np.random.default_rng(seed)
-        barrier.wait()
-        try:
-            while time.monotonic() < stop:
-                rmsnorm.set_isa(str(r.choice(ISAS)))
-                rmsnorm.set_num_threads(int(r.integers(1, 5)))
-                time.sleep(0.0005)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(("switch", e))
+    def switch(r):
+        rmsnorm.set_isa(str(r.choice(ISAS)))
+        rmsnorm.set_num_threads(int(r.integers(1, 5)))
+        time.sleep(0.0005)
 
+    switches = [(switch, np.random.default_rng(seed)) for seed in (1, 2)]
     with using():
-        run_threads([(compute, i) for i in range(6)] + [(switch, s) for s in (1, 2)])
-    assert not errors, errors[:3]
-    assert all(c > 0 for c in counts)
+        counts = repeat_on_threads([(compute, i) for i in range(6)] + switches, 2.0)
+    assert all(c > 0 for c in counts[:6])
 
 
 def test_members_rows_kept_between_calls(rng):
@@ -382,28 +384,17 @@ def test_members_rows_kept_between_calls(rng):
             oracle.assert_dx_close(dx, dx64, scale, dt)
             oracle.assert_dgamma_close(dg, dg64, dg_abs, dt, dt)
             cases.append((x, g, dy, y, rstd, dx, dg64, dg_abs))
-    stop = time.monotonic() + 1.5
-    errors = []
-    counts = [0] * len(cases)
-    barrier = threading.Barrier(len(cases))
 
     def compute(i):
         x, g, dy, y_ref, rstd_ref, dx_ref, dg64, dg_abs = cases[i]
-        barrier.wait()
-        try:
-            while time.monotonic() < stop:
-                y, rstd = rmsnorm.rms_norm(x, g)
-                assert oracle.bits_equal(y, y_ref) and oracle.bits_equal(rstd, rstd_ref)
-                dx, dg = rmsnorm.rms_norm_backward(dy, x, g, rstd)
-                assert oracle.bits_equal(dx, dx_ref)
-                oracle.assert_dgamma_close(dg, dg64, dg_abs, x.dtype, x.dtype)
-                counts[i] += 1
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append((i, e))
+        y, rstd = rmsnorm.rms_norm(x, g)
+        assert oracle.bits_equal(y, y_ref) and oracle.bits_equal(rstd, rstd_ref)
+        dx, dg = rmsnorm.rms_norm_backward(dy, x, g, rstd)
+        assert oracle.bits_equal(dx, dx_ref)
+        oracle.assert_dgamma_close(dg, dg64, dg_abs, x.dtype, x.dtype)
 
     with using(threads=4):
-        run_threads([(compute, i) for i in range(len(cases))])
-    assert not errors, errors[:3]
+        counts = repeat_on_threads([(compute, i) for i in range(len(cases))], 1.5)
     assert all(c > 0 for c in counts)
 
 
