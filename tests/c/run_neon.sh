@@ -2,20 +2,45 @@
 # Runs tests/c/kernel_check.c: natively (every x86 ISA this CPU has against scalar), then, where
 # an AArch64 cross-compiler and qemu are available, the NEON kernels under emulation.
 # With --install it first installs them from Debian's packages when missing (CI does).
+# With RMSNORM_OBJS=DIR (CI: build/temp.*/src after the build) the native check links the
+# extension's own objects, DIR/dispatch.o and DIR/kernels/*.o, instead of compiling the kernel
+# files again: each takes minutes. Otherwise every file compiles in a process of its own.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-sources="src/kernels/scalar.c src/dispatch.c tests/c/kernel_check.c"
-x86="-DRMSNORM_HAVE_AVX2 -DRMSNORM_HAVE_AVX512 -DRMSNORM_HAVE_AVX512BF16"
-x86_src="src/kernels/avx2.c src/kernels/avx512.c src/kernels/avx512bf16.c"
 cflags="-O2 -std=gnu11 -ffp-contract=off -Wall -Wextra -Werror -Isrc"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
+# compile CC DIR DEFS SOURCE...: one process per source, all at once; objects appended to objs.
+compile() {
+    local cc=$1 dir=$2 defs=$3 pids=() s o p
+    shift 3
+    mkdir -p "$dir"
+    for s in "$@"; do
+        o="$dir/$(basename "$s" .c).o"
+        objs+=("$o")
+        $cc $cflags $defs -c "$s" -o "$o" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+}
+
 case "$(uname -m)" in
-x86_64) gcc $cflags $x86 $sources $x86_src -lm -o "$out/native" ;;
-aarch64) gcc $cflags -DRMSNORM_HAVE_NEON $sources src/kernels/neon.c -lm -o "$out/native" ;;
-*) gcc $cflags $sources -lm -o "$out/native" ;;
+x86_64)
+    defs="-DRMSNORM_HAVE_AVX2 -DRMSNORM_HAVE_AVX512 -DRMSNORM_HAVE_AVX512BF16"
+    kernels="avx2 avx512 avx512bf16"
+    ;;
+aarch64) defs="-DRMSNORM_HAVE_NEON" kernels="neon" ;;
+*) defs="" kernels="" ;;
 esac
+objs=()
+if [ -n "${RMSNORM_OBJS:-}" ]; then
+    objs=("$RMSNORM_OBJS/dispatch.o" "$RMSNORM_OBJS"/kernels/*.o)
+else
+    compile gcc "$out/o-native" "$defs" src/dispatch.c src/kernels/scalar.c \
+        $(for k in $kernels; do echo "src/kernels/$k.c"; done)
+fi
+gcc $cflags tests/c/kernel_check.c "${objs[@]}" -lm -o "$out/native"
 "$out/native"
 
 if [ "$(uname -m)" != aarch64 ]; then
@@ -26,8 +51,11 @@ if [ "$(uname -m)" != aarch64 ]; then
         fi
     fi
     if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64-static >/dev/null; then
-        aarch64-linux-gnu-gcc $cflags -DRMSNORM_HAVE_NEON \
-            $sources src/kernels/neon.c -lm -static -o "$out/neon"
+        objs=()
+        compile aarch64-linux-gnu-gcc "$out/o-neon" -DRMSNORM_HAVE_NEON \
+            src/dispatch.c src/kernels/scalar.c src/kernels/neon.c
+        aarch64-linux-gnu-gcc $cflags tests/c/kernel_check.c "${objs[@]}" -lm -static \
+            -o "$out/neon"
         qemu-aarch64-static "$out/neon"
     else
         echo "NEON check skipped: no aarch64-linux-gnu-gcc / qemu-aarch64-static"
