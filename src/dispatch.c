@@ -40,10 +40,12 @@ static int x86_has_avx512(void) {
     return f && dq && bw && vl;
 }
 
+#if defined(RMSNORM_HAVE_AVX512BF16)
 static int x86_has_avx512bf16(void) {
     unsigned a, b, c, d;
     return x86_has_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
 }
+#endif
 #endif
 
 static const rms_isa_table *available[RMS_MAX_ISAS];
