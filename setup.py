@@ -3,7 +3,11 @@
 Portable baseline flags only (never -march=native). The compiler is probed for OpenMP and for
 each ISA family; the SIMD kernel files switch their target on with a pragma, so a family the
 compiler cannot target is simply left out and the build falls back to what it can do.
-Set RMSNORM_WERROR=1 to turn warnings into errors (CI does).
+Set RMSNORM_WERROR=1 to turn warnings into errors (CI does). RMSNORM_ISAS (a comma list of avx2,
+avx512, avx512bf16, neon) compiles only those families' files, of those the compiler can target:
+the sanitizer build (.ci/sanitize.sh) leaves out the families its CPU cannot run.
+RMSNORM_EXTRA_CFLAGS / RMSNORM_EXTRA_LDFLAGS add flags to every file / the link, and
+RMSNORM_KERNEL_CFLAGS to the kernel files (src/kernels) alone.
 """
 
 import concurrent.futures
@@ -79,16 +83,21 @@ class BuildExt(build_ext):
             flags.append("-Werror")
         flags += os.environ.get("RMSNORM_EXTRA_CFLAGS", "").split()
         sources, macros, link = [], [], []
-        if x86 and compiles(cc, PROBES["avx2"]):
+        only = os.environ.get("RMSNORM_ISAS")
+
+        def wanted(isa, arch):
+            return arch and (only is None or isa in only.split(",")) and compiles(cc, PROBES[isa])
+
+        if wanted("avx2", x86):
             sources.append(f"{KERNELS}/avx2.c")
             macros.append(("RMSNORM_HAVE_AVX2", "1"))
-        if x86 and compiles(cc, PROBES["avx512"]):
+        if wanted("avx512", x86):
             sources.append(f"{KERNELS}/avx512.c")
             macros.append(("RMSNORM_HAVE_AVX512", "1"))
-            if compiles(cc, PROBES["avx512bf16"]):
+            if wanted("avx512bf16", x86):
                 sources.append(f"{KERNELS}/avx512bf16.c")
                 macros.append(("RMSNORM_HAVE_AVX512BF16", "1"))
-        if arm64 and os.path.exists(f"{KERNELS}/neon.c") and compiles(cc, PROBES["neon"]):
+        if os.path.exists(f"{KERNELS}/neon.c") and wanted("neon", arm64):
             sources.append(f"{KERNELS}/neon.c")
             macros.append(("RMSNORM_HAVE_NEON", "1"))
         if os.environ.get("RMSNORM_NO_OPENMP") != "1" and compiles(
@@ -104,17 +113,25 @@ class BuildExt(build_ext):
         super().build_extensions()
 
     def build_extension(self, ext):
-        # The kernel files take a minute or two each to compile (one instantiation per dtype x ISA x
-        # option set), and distutils compiles the sources of an extension one after another:
-        # compile them on as many CPUs as there are, then let distutils link what it finds.
+        # The kernel files take minutes each to compile (one instantiation per dtype x ISA x option
+        # set), and distutils compiles the sources of an extension one after another: compile them
+        # on as many CPUs as there are, then let distutils link what it finds. The kernel files
+        # alone also take RMSNORM_KERNEL_CFLAGS (the sanitizer build's lighter checks there).
         jobs = min(len(ext.sources), os.cpu_count() or 1)
-        if jobs > 1 and not hasattr(self.compiler, "_rms_serial_compile"):
+        kernel_flags = os.environ.get("RMSNORM_KERNEL_CFLAGS", "").split()
+        if not hasattr(self.compiler, "_rms_serial_compile"):
             serial = self.compiler.compile
             self.compiler._rms_serial_compile = serial
 
+            def compile_one(src, args, kwargs):
+                if kernel_flags and src.startswith(KERNELS + "/"):
+                    extra = list(kwargs.get("extra_postargs") or []) + kernel_flags
+                    kwargs = dict(kwargs, extra_postargs=extra)
+                return serial([src], *args, **kwargs)
+
             def compile_parallel(sources, *args, **kwargs):
                 with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-                    parts = pool.map(lambda src: serial([src], *args, **kwargs), sources)
+                    parts = pool.map(lambda src: compile_one(src, args, kwargs), sources)
                     return [obj for objs in parts for obj in objs]
 
             self.compiler.compile = compile_parallel
