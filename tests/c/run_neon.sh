@@ -28,17 +28,16 @@ compile() {
 case "$(uname -m)" in
 x86_64)
     defs="-DRMSNORM_HAVE_AVX2 -DRMSNORM_HAVE_AVX512 -DRMSNORM_HAVE_AVX512BF16"
-    kernels="avx2 avx512 avx512bf16"
+    simd="src/kernels/avx2.c src/kernels/avx512.c src/kernels/avx512bf16.c"
     ;;
-aarch64) defs="-DRMSNORM_HAVE_NEON" kernels="neon" ;;
-*) defs="" kernels="" ;;
+aarch64) defs="-DRMSNORM_HAVE_NEON" simd="src/kernels/neon.c" ;;
+*) defs="" simd="" ;;
 esac
 objs=()
 if [ -n "${RMSNORM_OBJS:-}" ]; then
     objs=("$RMSNORM_OBJS/dispatch.o" "$RMSNORM_OBJS"/kernels/*.o)
 else
-    compile gcc "$out/o-native" "$defs" src/dispatch.c src/kernels/scalar.c \
-        $(for k in $kernels; do echo "src/kernels/$k.c"; done)
+    compile gcc "$out/o-native" "$defs" src/dispatch.c src/kernels/scalar.c $simd
 fi
 gcc $cflags tests/c/kernel_check.c "${objs[@]}" -lm -o "$out/native"
 "$out/native"
