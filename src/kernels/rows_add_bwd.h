@@ -378,14 +378,21 @@ RMS_INLINE void FN(add_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
     }
 }
 
-static void FN(add_fused_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
-                               ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd,
-                               size_t m, size_t k, double eps, int flags) {
-#define RMS_X(hw, bf, nt)                                                                          \
-    if (nt) /* always: fused rows stream */                                                        \
-    FN(add_fused)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m, k,  \
-                  eps, flags, hw, bf)
-    RMS_SWITCH3(FN(opts)(w, flags, 1), flags, RMS_X);
+#define RMS_ADD_ARGS                                                                               \
+    const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h, ptrdiff_t hs, void *y,      \
+        ptrdiff_t ys, const void *w, void *rstd, size_t m, size_t k, double eps, int flags
+#define RMS_X(o, hw, bf, nt)                                                                       \
+    RMS_VARIANT RMS_VFN(add_fused_v, o)(RMS_ADD_ARGS) {                                           \
+        if (nt) /* always: fused rows stream */                                                    \
+            FN(add_fused)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,           \
+                          (C *)rstd, m, k, eps, flags, hw, bf);                                    \
+    }
+RMS_VARIANTS3(RMS_X)
+#undef RMS_X
+
+static void FN(add_fused_rows)(RMS_ADD_ARGS) {
+#define RMS_X(o) RMS_VFN(add_fused_v, o)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags)
+    RMS_VSWITCH3(FN(opts)(w, flags, 1), flags, RMS_X);
 #undef RMS_X
 }
 
@@ -406,9 +413,17 @@ __attribute__((noinline)) static void FN(add_rows_any)(const void *x, ptrdiff_t 
         V_FENCE();
 }
 
-static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
-                         ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd,
-                         size_t m, size_t k, double eps, int flags) {
+/* The row loop of each option (RMS_VARIANTS3) */
+#define RMS_X(o, hw, bf, nt)                                                                       \
+    RMS_VARIANT RMS_VFN(add_v, o)(RMS_ADD_ARGS) {                                                 \
+        RMS_KSW(RMS_KSW_ADD(hw, bf), k,                                                            \
+                FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,        \
+                             (C *)rstd, m, KK, eps, flags, hw, bf, nt));                           \
+    }
+RMS_VARIANTS3(RMS_X)
+#undef RMS_X
+
+static void FN(add_rows)(RMS_ADD_ARGS) {
     if (sizeof(T) >= 4 && FN(fused)(m, k, flags, (flags & RMS_STREAM) && RMS_NT_ON, RMS_P_ADD)) {
         FN(add_fused_rows)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags);
         return;
@@ -419,13 +434,11 @@ static void FN(add_rows)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t r
         return;
     }
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
-#define RMS_X(hw, bf, nt)                                                                          \
-    RMS_KSW(RMS_KSW_ADD(hw, bf), k,                                                                \
-            FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,            \
-                         (C *)rstd, m, KK, eps, flags, hw, bf, nt))
-    RMS_SWITCH3(opt, flags, RMS_X);
+#define RMS_X(o) RMS_VFN(add_v, o)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags)
+    RMS_VSWITCH3(opt, flags, RMS_X);
 #undef RMS_X
 }
+#undef RMS_ADD_ARGS
 
 /* ---------------------------------------------------------------- backward */
 
@@ -444,37 +457,37 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
              0, hasdg, nt);
 }
 
-/* X(hasw, hasdg, nt) with constant arguments for o = (hasw != 0) | hasdg << 1 | nt << 3 |
- * (hasw == 2) << 4, where hasdg is 0 (none), 1 (accumulate into dg), 2 (store: one row) or 3
- * (store rounded to T: one 16-bit row, RMS_DG_NARROW) and needs a weight; then the fence. The
- * default is 29 (21 without streamed loops: RMS_NT_ON). */
-#define RMS_IF_DGT(x)                                                                              \
-    do {                                                                                           \
-        if (sizeof(T) == 2) /* only 16-bit types narrow dgamma */                                  \
-            x;                                                                                     \
-    } while (0)
+/* The options o = (hasw != 0) | hasdg << 1 | nt << 3 | (hasw == 2) << 4 of the backward, where
+ * hasdg is 0 (none), 1 (accumulate into dg), 2 (store: one row) or 3 (store rounded to T: one
+ * 16-bit row, RMS_DG_NARROW) and needs a weight: C(X, o, hasw, hasdg, nt) for each, the default
+ * (o = 29; 21 without streamed loops) apart. Only 16-bit types narrow dgamma (RMS_BWD_HG). */
+#define RMS_CASES_BWD(C, X)                                                                        \
+    C(X, 0, 0, 0, 0) C(X, 1, 1, 0, 0) C(X, 3, 1, 1, 0) C(X, 5, 1, 2, 0) C(X, 7, 1, 3, 0)           \
+    C(X, 23, RMS_HW_S, 3, 0) C(X, 17, RMS_HW_S, 0, 0) C(X, 19, RMS_HW_S, 1, 0)                     \
+    RMS_IF_NT(C(X, 8, 0, 0, 1) C(X, 9, 1, 0, 1) C(X, 11, 1, 1, 1) C(X, 13, 1, 2, 1)                \
+              C(X, 25, RMS_HW_S, 0, 1) C(X, 27, RMS_HW_S, 1, 1) C(X, 15, 1, 3, 1)                  \
+              C(X, 31, RMS_HW_S, 3, 1) C(X, 21, RMS_HW_S, 2, 0))
+#define RMS_DEFAULT_BWD(C, X) C(X, 29, RMS_HW_S, 2, RMS_NT_ON)
+#define RMS_BWD_HG(hg) (sizeof(T) == 2 || (hg) != 3)
+#define RMS_CASE_BWD(X, o, a, b, c)                                                                \
+    case o:                                                                                        \
+        if (RMS_BWD_HG(b))                                                                         \
+            X(a, b, c);                                                                            \
+        break;
+#define RMS_DFLT_BWD(X, o, a, b, c)                                                                \
+    default: X(a, b, c); break;
+/* X(hasw, hasdg, nt) with constant arguments for o, then the fence. */
 #define RMS_SWITCH_BWD(o, flags, X)                                                                \
     do {                                                                                           \
-        switch (o) {                                                                               \
-        case 0: X(0, 0, 0); break;                                                                 \
-        case 1: X(1, 0, 0); break;                                                                 \
-        case 3: X(1, 1, 0); break;                                                                 \
-        case 5: X(1, 2, 0); break;                                                                 \
-        case 7: RMS_IF_DGT(X(1, 3, 0)); break;                                                     \
-        case 23: RMS_IF_DGT(X(RMS_HW_S, 3, 0)); break;                                             \
-        case 17: X(RMS_HW_S, 0, 0); break;                                                         \
-        case 19: X(RMS_HW_S, 1, 0); break;                                                         \
-        RMS_IF_NT(case 8: X(0, 0, 1); break;                                                       \
-                  case 9: X(1, 0, 1); break;                                                       \
-                  case 11: X(1, 1, 1); break;                                                      \
-                  case 13: X(1, 2, 1); break;                                                      \
-                  case 25: X(RMS_HW_S, 0, 1); break;                                               \
-                  case 27: X(RMS_HW_S, 1, 1); break;                                               \
-                  case 15: RMS_IF_DGT(X(1, 3, 1)); break;                                          \
-                  case 31: RMS_IF_DGT(X(RMS_HW_S, 3, 1)); break;                                   \
-                  case 21: X(RMS_HW_S, 2, 0); break;)                                              \
-        default: X(RMS_HW_S, 2, RMS_NT_ON); break;                                                 \
-        }                                                                                          \
+        switch (o) { RMS_CASES_BWD(RMS_CASE_BWD, X) RMS_DEFAULT_BWD(RMS_DFLT_BWD, X) }            \
+        if ((flags) & RMS_STREAM)                                                                  \
+            V_FENCE();                                                                             \
+    } while (0)
+/* As RMS_VARIANTS3 and RMS_VSWITCH3 for the backward's options */
+#define RMS_VARIANTS_BWD(X) RMS_CASES_BWD(RMS_VDEF, X) RMS_DEFAULT_BWD(RMS_VDEF, X)
+#define RMS_VSWITCH_BWD(o, flags, CALL)                                                            \
+    do {                                                                                           \
+        switch (o) { RMS_CASES_BWD(RMS_VCASE, CALL) RMS_DEFAULT_BWD(RMS_VDFLT, CALL) }            \
         if ((flags) & RMS_STREAM)                                                                  \
             V_FENCE();                                                                             \
     } while (0)
@@ -700,30 +713,45 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
     }
 }
 
-/* FN(bwd_fused) with its options as constants, in a function of its own (see fwd_fused_rows). */
-static void FN(bwd_fused_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs,
-                               void *dx, ptrdiff_t dxs, const void *w, const void *rstd, void *dg,
-                               size_t m, size_t k, int flags) {
-#define RMS_X(hw, hg, nt)                                                                          \
-    if ((nt) && (hg) < 2) /* always: fused rows stream, and are more than one (no RMS_DG_STORE) */ \
-    FN(bwd_fused)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w, (const C *)rstd,          \
-                  (C *)dg, m, k, flags, hw, hg)
-    RMS_SWITCH_BWD(FN(bwd_opt)(w, dg, flags, 1), flags, RMS_X);
+/* FN(bwd_fused) of each option in a function of its own (see fwd_fused_rows). */
+#define RMS_BWD_ARGS                                                                               \
+    const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx, ptrdiff_t dxs,           \
+        const void *w, const void *rstd, void *dg, size_t m, size_t k, int flags
+#define RMS_X(o, hw, hg, nt)                                                                       \
+    RMS_VARIANT RMS_VFN(bwd_fused_v, o)(RMS_BWD_ARGS) {                                           \
+        /* always: fused rows stream, and are more than one (no RMS_DG_STORE) */                   \
+        if ((nt) && (hg) < 2)                                                                      \
+            FN(bwd_fused)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w, (const C *)rstd,  \
+                          (C *)dg, m, k, flags, hw, hg);                                           \
+    }
+RMS_VARIANTS_BWD(RMS_X)
+#undef RMS_X
+
+static void FN(bwd_fused_rows)(RMS_BWD_ARGS) {
+#define RMS_X(o) RMS_VFN(bwd_fused_v, o)(dy, dys, x, xs, dx, dxs, w, rstd, dg, m, k, flags)
+    RMS_VSWITCH_BWD(FN(bwd_opt)(w, dg, flags, 1), flags, RMS_X);
 #undef RMS_X
 }
 
-static void FN(bwd_rows)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
-                         ptrdiff_t dxs, const void *w, const void *rstd, void *dg, size_t m,
-                         size_t k, int flags) {
+/* The row loop of each option (RMS_VARIANTS_BWD) */
+#define RMS_X(o, hw, hg, nt)                                                                       \
+    RMS_VARIANT RMS_VFN(bwd_v, o)(RMS_BWD_ARGS) {                                                 \
+        if (RMS_BWD_HG(hg))                                                                        \
+            RMS_KSW(sizeof(T) == 2 && (hw) && (hg) == 1, k,                                        \
+                    FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w,            \
+                                 (const C *)rstd, (C *)dg, m, KK, flags, hw, hg, nt));             \
+    }
+RMS_VARIANTS_BWD(RMS_X)
+#undef RMS_X
+
+static void FN(bwd_rows)(RMS_BWD_ARGS) {
     if (FN(fused)(m, k, flags, (flags & RMS_STREAM) && RMS_NT_ON, RMS_P_BWD)) { /* m > 1 */
         FN(bwd_fused_rows)(dy, dys, x, xs, dx, dxs, w, rstd, dg, m, k, flags);
         return;
     }
     int opt = FN(bwd_opt)(w, dg, flags, flags & RMS_STREAM);
-#define RMS_X(hw, hg, nt)                                                                          \
-    RMS_KSW(sizeof(T) == 2 && (hw) && (hg) == 1, k,                                                \
-            FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w,                    \
-                         (const C *)rstd, (C *)dg, m, KK, flags, hw, hg, nt))
-    RMS_SWITCH_BWD(opt, flags, RMS_X);
+#define RMS_X(o) RMS_VFN(bwd_v, o)(dy, dys, x, xs, dx, dxs, w, rstd, dg, m, k, flags)
+    RMS_VSWITCH_BWD(opt, flags, RMS_X);
 #undef RMS_X
 }
+#undef RMS_BWD_ARGS

@@ -100,27 +100,44 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
 #define RMS_NT_ON 1
 #define RMS_IF_NT(...) __VA_ARGS__
 #endif
-/* X(hasw, before, nt) with constant arguments for the options in `opt` (RMS_O_* bits), then
- * the store fence when `flags` streamed. The default is 15 (11 without streamed loops). */
+/* The options of a forward or add loop (RMS_O_* bits) that its row loops take as constants:
+ * C(X, o, hasw, before, nt) for each, the default (o = 15) apart. */
+#define RMS_CASES3(C, X)                                                                           \
+    C(X, 0, 0, 0, 0) C(X, 1, 1, 0, 0) C(X, 2, 0, 1, 0) C(X, 3, 1, 1, 0) C(X, 9, RMS_HW_S, 0, 0)    \
+    RMS_IF_NT(C(X, 4, 0, 0, 1) C(X, 5, 1, 0, 1) C(X, 6, 0, 1, 1) C(X, 7, 1, 1, 1)                  \
+              C(X, 11, RMS_HW_S, 1, 0) C(X, 13, RMS_HW_S, 0, 1))
+#define RMS_DEFAULT3(C, X) C(X, 15, RMS_HW_S, 1, RMS_NT_ON)
+#define RMS_CASE3(X, o, a, b, c)                                                                   \
+    case o: X(a, b, c); break;
+#define RMS_DFLT3(X, o, a, b, c)                                                                   \
+    default: X(a, b, c); break;
+/* X(hasw, before, nt) with constant arguments for the options in `opt`, then the store fence
+ * when `flags` streamed. The default is 15 (11 without streamed loops). */
 #define RMS_SWITCH3(opt, flags, X)                                                                 \
     do {                                                                                           \
-        switch (opt) {                                                                             \
-        case 0: X(0, 0, 0); break;                                                                 \
-        case 1: X(1, 0, 0); break;                                                                 \
-        case 2: X(0, 1, 0); break;                                                                 \
-        case 3: X(1, 1, 0); break;                                                                 \
-        case 9: X(RMS_HW_S, 0, 0); break;                                                          \
-        RMS_IF_NT(case 4: X(0, 0, 1); break;                                                       \
-                  case 5: X(1, 0, 1); break;                                                       \
-                  case 6: X(0, 1, 1); break;                                                       \
-                  case 7: X(1, 1, 1); break;                                                       \
-                  case 11: X(RMS_HW_S, 1, 0); break;                                               \
-                  case 13: X(RMS_HW_S, 0, 1); break;)                                              \
-        default: X(RMS_HW_S, 1, RMS_NT_ON); break;                                                 \
-        }                                                                                          \
+        switch (opt) { RMS_CASES3(RMS_CASE3, X) RMS_DEFAULT3(RMS_DFLT3, X) }                      \
         if ((flags) & RMS_STREAM)                                                                  \
             V_FENCE();                                                                             \
     } while (0)
+/* A row loop for each of those options in a function of its own, and the switch that calls
+ * them: X(o, hasw, before, nt) defines the function for o, and CALL(o) calls it. Inlined into
+ * one function, the loops of every option made functions of up to 500 KB of code, and the
+ * compiler's time grows faster than their size. */
+#define RMS_VDEF(X, o, a, b, c) X(o, a, b, c)
+#define RMS_VCASE(X, o, a, b, c)                                                                   \
+    case o: X(o); break;
+#define RMS_VDFLT(X, o, a, b, c)                                                                   \
+    default: X(o); break;
+#define RMS_VARIANTS3(X) RMS_CASES3(RMS_VDEF, X) RMS_DEFAULT3(RMS_VDEF, X)
+#define RMS_VSWITCH3(opt, flags, CALL)                                                             \
+    do {                                                                                           \
+        switch (opt) { RMS_CASES3(RMS_VCASE, CALL) RMS_DEFAULT3(RMS_VDFLT, CALL) }                \
+        if ((flags) & RMS_STREAM)                                                                  \
+            V_FENCE();                                                                             \
+    } while (0)
+/* The function of option o for the loop `name` */
+#define RMS_VFN(name, o) FN(RMS_CAT(name, o))
+#define RMS_VARIANT static __attribute__((noinline)) void
 /* CALL, a row loop that names its row length KK, compiled with KK a constant for the short rows
  * of 64 and 128 elements (per-head norms) when `on` (a constant), else with KK = k: its loops
  * then unroll and the fixed cost of each row shrinks. Used for the 16-bit add and backward with a
@@ -1252,29 +1269,37 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const
     }
 }
 
-/* FN(fwd_fused) with its options as constants, in a function of its own, apart from the row
- * loops (inlined into them, it changed their code: the bfloat16 forward of rows of 64 took 42.5
- * rather than 40 TSC ticks a row in cache on the Zen 3 VM). */
-RMS_INLINE void FN(fwd_fused_opts)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys,
-                                   const void *w, void *rstd, size_t m, size_t k, double eps,
-                                   int flags, size_t d) {
-#define RMS_X(hw, bf, nt)                                                                          \
-    if (nt) /* always: fused rows stream */                                                        \
-    FN(fwd_fused)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, hw, bf, d)
-    RMS_SWITCH3(FN(opts)(w, flags, 1), flags, RMS_X);
+/* FN(fwd_fused) of each option (RMS_VARIANTS3), apart from the row loops (inlined into them, it
+ * changed their code: the bfloat16 forward of rows of 64 took 42.5 rather than 40 TSC ticks a row
+ * in cache on the Zen 3 VM). Rows that prefetch nothing (d == 0) take a copy with no prefetch
+ * code at all: the test of a NULL prefetch row in every vector's loop made the bfloat16 and
+ * float16 rows that prefetch nothing 5 to 16% slower (65536x1024, 262144x256). */
+#define RMS_X(o, hw, bf, nt)                                                                       \
+    RMS_VARIANT RMS_VFN(fwd_fused_v, o)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys,       \
+                                        const void *w, void *rstd, size_t m, size_t k, double eps, \
+                                        int flags, size_t d) {                                     \
+        if (!(nt)) /* never: fused rows stream */                                                  \
+            return;                                                                                \
+        if (d)                                                                                     \
+            FN(fwd_fused)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, hw, bf,    \
+                          d);                                                                      \
+        else                                                                                       \
+            FN(fwd_fused)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, hw, bf,    \
+                          0);                                                                      \
+    }
+RMS_VARIANTS3(RMS_X)
 #undef RMS_X
-}
 
-/* Rows that prefetch nothing (d == 0) take a copy with no prefetch code at all: the test of a
- * NULL prefetch row in every vector's loop made the bfloat16 and float16 rows that prefetch
- * nothing 5 to 16% slower (65536x1024, 262144x256). */
-static void FN(fwd_fused_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, const void *w,
-                               void *rstd, size_t m, size_t k, double eps, int flags) {
+/* Out of line, as it was while it held the loops themselves: inlined into fwd_rows, the switch
+ * changed the row loops' code there. */
+static __attribute__((noinline)) void FN(fwd_fused_rows)(const void *x, ptrdiff_t xs, void *y,
+                                                         ptrdiff_t ys, const void *w, void *rstd,
+                                                         size_t m, size_t k, double eps,
+                                                         int flags) {
     size_t d = FN(fused_ahead)(k, RMS_P_FWD, flags);
-    if (d)
-        FN(fwd_fused_opts)(x, xs, y, ys, w, rstd, m, k, eps, flags, d);
-    else
-        FN(fwd_fused_opts)(x, xs, y, ys, w, rstd, m, k, eps, flags, 0);
+#define RMS_X(o) RMS_VFN(fwd_fused_v, o)(x, xs, y, ys, w, rstd, m, k, eps, flags, d)
+    RMS_VSWITCH3(FN(opts)(w, flags, 1), flags, RMS_X);
+#undef RMS_X
 }
 
 /* Rows of the constant lengths with a weight cast at the end, through the general loop
