@@ -459,38 +459,29 @@ RMS_INLINE void FN(bwd_span)(const T *dy, const T *x, const void *w, T *dx, C *d
 
 /* The options o = (hasw != 0) | hasdg << 1 | nt << 3 | (hasw == 2) << 4 of the backward, where
  * hasdg is 0 (none), 1 (accumulate into dg), 2 (store: one row) or 3 (store rounded to T: one
- * 16-bit row, RMS_DG_NARROW) and needs a weight: C(X, o, hasw, hasdg, nt) for each, the default
- * (o = 29; 21 without streamed loops) apart. Only 16-bit types narrow dgamma (RMS_BWD_HG). */
-#define RMS_CASES_BWD(C, X)                                                                        \
+ * 16-bit row, RMS_DG_NARROW) and needs a weight: C(X, o, hasw, hasdg, nt) for each, and D for the
+ * default (29; 21 without streamed loops), as in RMS_CASES3. Only 16-bit types narrow dgamma
+ * (RMS_BWD_HG). */
+#define RMS_CASES_BWD(C, D, X)                                                                     \
     C(X, 0, 0, 0, 0) C(X, 1, 1, 0, 0) C(X, 3, 1, 1, 0) C(X, 5, 1, 2, 0) C(X, 7, 1, 3, 0)           \
     C(X, 23, RMS_HW_S, 3, 0) C(X, 17, RMS_HW_S, 0, 0) C(X, 19, RMS_HW_S, 1, 0)                     \
     RMS_IF_NT(C(X, 8, 0, 0, 1) C(X, 9, 1, 0, 1) C(X, 11, 1, 1, 1) C(X, 13, 1, 2, 1)                \
               C(X, 25, RMS_HW_S, 0, 1) C(X, 27, RMS_HW_S, 1, 1) C(X, 15, 1, 3, 1)                  \
-              C(X, 31, RMS_HW_S, 3, 1) C(X, 21, RMS_HW_S, 2, 0))
-#define RMS_DEFAULT_BWD(C, X) C(X, 29, RMS_HW_S, 2, RMS_NT_ON)
+              C(X, 31, RMS_HW_S, 3, 1) C(X, 21, RMS_HW_S, 2, 0))                                   \
+    D(X, 29, RMS_HW_S, 2, RMS_NT_ON)
 #define RMS_BWD_HG(hg) (sizeof(T) == 2 || (hg) != 3)
 #define RMS_CASE_BWD(X, o, a, b, c)                                                                \
     case o:                                                                                        \
         if (RMS_BWD_HG(b))                                                                         \
             X(a, b, c);                                                                            \
         break;
-#define RMS_DFLT_BWD(X, o, a, b, c)                                                                \
-    default: X(a, b, c); break;
 /* X(hasw, hasdg, nt) with constant arguments for o, then the fence. */
 #define RMS_SWITCH_BWD(o, flags, X)                                                                \
-    do {                                                                                           \
-        switch (o) { RMS_CASES_BWD(RMS_CASE_BWD, X) RMS_DEFAULT_BWD(RMS_DFLT_BWD, X) }            \
-        if ((flags) & RMS_STREAM)                                                                  \
-            V_FENCE();                                                                             \
-    } while (0)
+    RMS_OPT_SWITCH(RMS_CASES_BWD, RMS_CASE_BWD, RMS_DFLT3, o, flags, X)
 /* As RMS_VARIANTS3 and RMS_VSWITCH3 for the backward's options */
-#define RMS_VARIANTS_BWD(X) RMS_CASES_BWD(RMS_VDEF, X) RMS_DEFAULT_BWD(RMS_VDEF, X)
+#define RMS_VARIANTS_BWD(X) RMS_CASES_BWD(RMS_VDEF, RMS_VDEF, X)
 #define RMS_VSWITCH_BWD(o, flags, CALL)                                                            \
-    do {                                                                                           \
-        switch (o) { RMS_CASES_BWD(RMS_VCASE, CALL) RMS_DEFAULT_BWD(RMS_VDFLT, CALL) }            \
-        if ((flags) & RMS_STREAM)                                                                  \
-            V_FENCE();                                                                             \
-    } while (0)
+    RMS_OPT_SWITCH(RMS_CASES_BWD, RMS_VCASE, RMS_VDFLT, o, flags, CALL)
 
 /* RMS_SWITCH_BWD's o for hasw 0, 1 or 2 (storage-type weight), hasdg and nt */
 static inline int FN(bwd_o)(int hasw, int hasdg, int nt) {

@@ -101,24 +101,27 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
 #define RMS_IF_NT(...) __VA_ARGS__
 #endif
 /* The options of a forward or add loop (RMS_O_* bits) that its row loops take as constants:
- * C(X, o, hasw, before, nt) for each, the default (o = 15) apart. */
-#define RMS_CASES3(C, X)                                                                           \
+ * C(X, o, hasw, before, nt) for each, and D(X, o, ...) for the default (15; 11 without streamed
+ * loops). */
+#define RMS_CASES3(C, D, X)                                                                        \
     C(X, 0, 0, 0, 0) C(X, 1, 1, 0, 0) C(X, 2, 0, 1, 0) C(X, 3, 1, 1, 0) C(X, 9, RMS_HW_S, 0, 0)    \
     RMS_IF_NT(C(X, 4, 0, 0, 1) C(X, 5, 1, 0, 1) C(X, 6, 0, 1, 1) C(X, 7, 1, 1, 1)                  \
-              C(X, 11, RMS_HW_S, 1, 0) C(X, 13, RMS_HW_S, 0, 1))
-#define RMS_DEFAULT3(C, X) C(X, 15, RMS_HW_S, 1, RMS_NT_ON)
+              C(X, 11, RMS_HW_S, 1, 0) C(X, 13, RMS_HW_S, 0, 1))                                   \
+    D(X, 15, RMS_HW_S, 1, RMS_NT_ON)
+/* A switch over the options of LIST (RMS_CASES3, RMS_CASES_BWD), each case by CASE(X, o, ...)
+ * and the default by DFLT, then the store fence when `flags` streamed. */
+#define RMS_OPT_SWITCH(LIST, CASE, DFLT, o, flags, X)                                              \
+    do {                                                                                           \
+        switch (o) { LIST(CASE, DFLT, X) }                                                         \
+        if ((flags) & RMS_STREAM)                                                                  \
+            V_FENCE();                                                                             \
+    } while (0)
 #define RMS_CASE3(X, o, a, b, c)                                                                   \
     case o: X(a, b, c); break;
 #define RMS_DFLT3(X, o, a, b, c)                                                                   \
     default: X(a, b, c); break;
-/* X(hasw, before, nt) with constant arguments for the options in `opt`, then the store fence
- * when `flags` streamed. The default is 15 (11 without streamed loops). */
-#define RMS_SWITCH3(opt, flags, X)                                                                 \
-    do {                                                                                           \
-        switch (opt) { RMS_CASES3(RMS_CASE3, X) RMS_DEFAULT3(RMS_DFLT3, X) }                      \
-        if ((flags) & RMS_STREAM)                                                                  \
-            V_FENCE();                                                                             \
-    } while (0)
+/* X(hasw, before, nt) with constant arguments for the options in `opt`, then the fence. */
+#define RMS_SWITCH3(opt, flags, X) RMS_OPT_SWITCH(RMS_CASES3, RMS_CASE3, RMS_DFLT3, opt, flags, X)
 /* A row loop for each of those options in a function of its own, and the switch that calls
  * them: X(o, hasw, before, nt) defines the function for o, and CALL(o) calls it. Inlined into
  * one function, the loops of every option made functions of up to 500 KB of code, and the
@@ -128,13 +131,9 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
     case o: X(o); break;
 #define RMS_VDFLT(X, o, a, b, c)                                                                   \
     default: X(o); break;
-#define RMS_VARIANTS3(X) RMS_CASES3(RMS_VDEF, X) RMS_DEFAULT3(RMS_VDEF, X)
+#define RMS_VARIANTS3(X) RMS_CASES3(RMS_VDEF, RMS_VDEF, X)
 #define RMS_VSWITCH3(opt, flags, CALL)                                                             \
-    do {                                                                                           \
-        switch (opt) { RMS_CASES3(RMS_VCASE, CALL) RMS_DEFAULT3(RMS_VDFLT, CALL) }                \
-        if ((flags) & RMS_STREAM)                                                                  \
-            V_FENCE();                                                                             \
-    } while (0)
+    RMS_OPT_SWITCH(RMS_CASES3, RMS_VCASE, RMS_VDFLT, opt, flags, CALL)
 /* The function of option o for the loop `name` */
 #define RMS_VFN(name, o) FN(RMS_CAT(name, o))
 #define RMS_VARIANT static __attribute__((noinline)) void
