@@ -38,7 +38,8 @@ typedef struct {
      * or dst = src rounded (narrow; offset unused). */
     void (*convert)(int dtype, const void *src, void *dst, double offset, size_t n, int widen);
     /* Whether a weight of x's 16-bit dtype (offset 0) is faster read as it is (RMS_CAPI_W_AS_X)
-     * than widened first, for m rows of k. */
+     * than widened first, for the forward of m rows of k (the module's backward widens it on
+     * more CPUs). */
     int (*weight_as_is)(int dtype, size_t m, size_t k);
 } rms_capi;
 

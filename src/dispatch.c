@@ -109,6 +109,19 @@ static size_t early_h_32 = 32768; /* rms_cpu_early_h_bytes */
  * 1.01 / 1.02, add 1.05 / 1.07 / 1.03, and in cache 64x6144 forward 1.23 / 1.05 / 1.11, backward
  * 1.17 (one thread), so other CPUs keep the family's length. */
 static size_t storage_k_zen5 = 0;
+/* On Zen 4 (AMD, AVX-512, before Zen 5) the backward widens a 16-bit weight however long its rows
+ * (rms_cpu_storage_weight_k(1) is 0): read as it is, the weight's conversions beside those of dy
+ * and x cost more than the float32 row's extra bytes. The 2-core Zen 4 VM, the same build in one
+ * process with the family's 8192 and with none, page-aligned, widened over as it is, one / two
+ * threads: bfloat16 8192x8192 0.83 / 0.89, 4096x12288 0.84 / 1.00, 4096x16384 0.82 / 0.92,
+ * 2048x32768 0.87 / 0.87, 512x65536 0.95 / 0.98, 256x262144 0.86 / 0.96; float16 8192x8192 0.80 /
+ * 0.80, 4096x12288 0.84 / 0.96, 2048x32768 0.82 / 0.88; in cache (one thread) bfloat16 64x8192
+ * 0.86, 256x8192 0.86, 16x32768 0.89, float16 8x65536 0.95. The forward keeps the family's rule:
+ * its fused rows of 16 to 32 KiB measured slower widened (bfloat16 8192x8192 1.33 / 1.12,
+ * 4096x12288 1.21 / 1.12, 4096x16384 1.14 / 1.39), and the add, which takes the forward's
+ * weight, gained less (bfloat16 8192x8192 0.91 / 0.99, 2048x32768 0.94 / 1.01, float16 8192x8192
+ * 0.94 / 1.02). */
+static int bwd_widen_16 = 0;
 /* With fuse_16, the forward's rows of this many bytes or more still go in two passes: on AMD
  * CPUs with AVX-512, whose fused forward rows of 64 KiB or more take no prefetch
  * (FN(fused_ahead)). On Zen 5, the same build in one process with RMSNORM_FUSE_16 off and on,
@@ -234,7 +247,9 @@ int rms_cpu_fuse_32(void) { return fuse_32; }
 
 size_t rms_cpu_early_h_bytes(void) { return early_h_32; }
 
-size_t rms_cpu_storage_weight_k(void) {
+size_t rms_cpu_storage_weight_k(int backward) {
+    if (backward && bwd_widen_16)
+        return 0;
     size_t k = rms_isa_current()->storage_weight_k;
     return k && storage_k_zen5 && storage_k_zen5 < k ? storage_k_zen5 : k;
 }
@@ -274,6 +289,7 @@ void rms_dispatch_init(void) {
     fuse_16_fwd_one = zen5;
     early_h_32 = zen5 ? 16385 : 32768;
     storage_k_zen5 = zen5 ? 4097 : 0;
+    bwd_widen_16 = amd_avx512 && !zen5;
     fuse_16 = amd;
     fuse_16_bwd = !fuse_16;
     edges_min = intel ? 0 : zen5 ? 256 : SIZE_MAX;

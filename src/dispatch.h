@@ -70,10 +70,11 @@ int rms_cpu_fuse_32(void);
  * for every type. */
 size_t rms_cpu_early_h_bytes(void);
 /* The shortest 16-bit rows, in elements, that read a 16-bit weight of x's dtype as it is however
- * many rows there are (see make_weights in module.c): the kernel family's storage_weight_k (0 for
- * never), or on AMD CPUs from Zen 5 on rows over 4096 elements where the family reads it as it is
- * at all (see dispatch.c). */
-size_t rms_cpu_storage_weight_k(void);
+ * many rows there are in the forward (backward = 0) or the backward (1) (see make_weights in
+ * module.c): the kernel family's storage_weight_k (0 for never), or on AMD CPUs from Zen 5 on
+ * rows over 4096 elements where the family reads it as it is at all, or in the backward on Zen 4
+ * none (see dispatch.c). */
+size_t rms_cpu_storage_weight_k(int backward);
 /* Whether the forward (backward = 0) or the backward (1) on nthreads threads fuses 16-bit rows of
  * row_bytes across rows as it does 32- and 64-bit ones (RMS_FUSE_16; the kernels fuse none under
  * 512 bytes). On AMD CPUs both passes fuse, where it measured faster (Zen 3, AVX2; Zen 4; Zen 5),

@@ -462,7 +462,7 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
 
 /* A 16-bit gamma of x's own dtype (offset 0) goes to the kernels as it is, widened as it is
  * read, for fewer than STORAGE_WEIGHT_ROWS rows or rows of the ISA's storage_weight_k elements or
- * more (8192; over 4096 on Zen 5: rms_cpu_storage_weight_k).
+ * more (8192; over 4096 on Zen 5, and in the backward on Zen 4 none: rms_cpu_storage_weight_k).
  * Widening it first costs a pass over a row's worth of weights (and, for rows longer than
  * RMS_W_OWN_K, a new array), which a few rows do not pay back, and a float32 weight of 32 KiB or
  * more no longer sits in L1 beside the row.
@@ -479,9 +479,10 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
 
 static int sixteen_bit(int code) { return code == RMS_F16 || code == RMS_BF16; }
 
-/* Whether a 16-bit gamma of x's dtype (offset 0) goes to the kernels as it is, for rows of k */
-static int storage_weight(int code, size_t rows, size_t k) {
-    size_t storage_k = rms_cpu_storage_weight_k();
+/* Whether a 16-bit gamma of x's dtype (offset 0) goes to the kernels as it is, for rows of k, in
+ * the forward and the add (backward = 0) or the backward (1) */
+static int storage_weight(int code, size_t rows, size_t k, int backward) {
+    size_t storage_k = rms_cpu_storage_weight_k(backward);
     return sixteen_bit(code) && k > 0 &&
            (rows < STORAGE_WEIGHT_ROWS || (storage_k && k >= storage_k));
 }
@@ -492,7 +493,7 @@ static int storage_weight(int code, size_t rows, size_t k) {
  * of x's dtype as it is, with *wflags = RMS_W_STORAGE; or, for rows of up to RMS_W_OWN_K
  * elements, with *wflags = RMS_W_OWN, for the driver to widen offset + gamma (else 0). */
 static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int code, double offset,
-                        PyArrayObject **g, PyArrayObject **w, int *wflags) {
+                        int backward, PyArrayObject **g, PyArrayObject **w, int *wflags) {
     int gcode;
     *g = *w = NULL;
     *wflags = 0;
@@ -506,7 +507,7 @@ static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int co
     int tn = compute_typenum(code);
     npy_intp k = PyArray_SIZE(*g);
     int storage = gcode == code && offset == 0.0 && k > 0 &&
-                  storage_weight(code, (size_t)(PyArray_SIZE(x) / k), (size_t)k);
+                  storage_weight(code, (size_t)(PyArray_SIZE(x) / k), (size_t)k, backward);
     /* the driver widens offset + gamma, each member of the team into a row of its own */
     int own = !storage && gcode == code && sixteen_bit(code) && k > 0 && k <= RMS_W_OWN_K;
     if (storage || own || (gcode == (tn == NPY_DOUBLE ? RMS_F64 : RMS_F32) && offset == 0.0)) {
@@ -569,7 +570,7 @@ static PyObject *forward(const char *fn, PyObject *xo, PyObject *ro, PyObject *g
         }
     }
     int wflags;
-    int nlead = make_weights(fn, go, x, code, offset, &g, &w, &wflags);
+    int nlead = make_weights(fn, go, x, code, offset, 0, &g, &w, &wflags);
     if (nlead < 0)
         goto fail;
     if (outo && outo != Py_None) {
@@ -683,7 +684,7 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
         goto fail;
     }
     int wflags;
-    int nlead = make_weights(fn, o[2], x, code, offset, &g, &w, &wflags);
+    int nlead = make_weights(fn, o[2], x, code, offset, 1, &g, &w, &wflags);
     if (nlead < 0 || !(rs = as_float_array(fn, "rstd", o[3], &rcode)))
         goto fail;
     if (rcode != (code == RMS_F64 ? RMS_F64 : RMS_F32)) {
@@ -966,7 +967,7 @@ static void capi_convert(int dtype, const void *src, void *dst, double offset, s
 }
 
 static int capi_weight_as_is(int dtype, size_t m, size_t k) {
-    return storage_weight(dtype, m, k);
+    return storage_weight(dtype, m, k, 0);
 }
 
 static const rms_capi c_api = {RMS_CAPI_VERSION, capi_forward, capi_backward, capi_convert,
