@@ -187,7 +187,14 @@ static size_t edges_min = SIZE_MAX, edges_min_16 = SIZE_MAX;
  * orders, new time over old, one thread: float32 forward 16384x4096 0.67, 65536x1024 0.91,
  * 32768x2048 0.90; add 65536x1024 0.93, 32768x2048 1.01; backward 1024x32768 0.62, 256x65536
  * 0.69. 16-bit rows, fused on AMD CPUs, stay fused there (bfloat16 forward 65536x1024 1.12,
- * float16 forward 16384x4096 1.11, backward 1.08 in two passes). */
+ * float16 forward 16384x4096 1.11, backward 1.08 in two passes). Zen 4 (AMD EPYC, 2 cores,
+ * AVX-512) too, with its own prefetch settings: the same build in one process with
+ * RMSNORM_FUSE_32 on and off, page-aligned, two passes over fused, one / two threads: float32
+ * forward 65536x1024 0.68 / 0.69, 32768x2048 0.85 / 0.82, 16384x4096 0.81 / 0.95; add 65536x1024
+ * 0.63 / 0.63; backward 1024x32768 0.64 / 0.88, 4096x12288 0.99 / 0.92; float64 forward
+ * 32768x1024 0.71 / 0.66; the other shapes from 1M x 64 to 256x131072 0.96 to 1.04 (float32
+ * backward 1M x 64 1.08 and 1.02 in two runs, float64 backward 32768x1024 at two threads 1.14,
+ * then 0.96 and 1.02). */
 static int fuse_32 = 1;
 static int near_16 = 0;      /* rms_cpu_near_16: on Intel CPUs */
 static int near_16_env = -1; /* RMSNORM_L1_PREFETCH_16, or -1 */
@@ -281,7 +288,7 @@ void rms_dispatch_init(void) {
     /* Zen 4: every row the kernels would prefetch less far than the hardware; Zen 5 and later:
      * rows under 4 KiB (see rms_cpu_hw_prefetch in dispatch.h). */
     hw_prefetch_below = !amd_avx512 ? 0 : zen5 ? 4096 : SIZE_MAX;
-    fuse_32 = !zen5;
+    fuse_32 = !(zen5 || amd_avx512);
     bwd_ahead_32 = zen5;
     fwd_near = fwd_ahead_32 = zen5;
     fuse_16_fwd_below = zen5 || amd_avx512 ? 65536 : SIZE_MAX;

@@ -56,7 +56,8 @@ int rms_cpu_fwd_flags(int nthreads);
  * RMSNORM_HW_PREFETCH=0 / 1 sets it for no row / every row. */
 int rms_cpu_hw_prefetch(size_t row_bytes);
 /* Whether 32- and 64-bit rows may be fused across rows (else RMS_NO_FUSE_32): not on AMD CPUs
- * from Zen 5 on, where rows in two passes measured faster. RMSNORM_FUSE_32=0 / 1 sets it. */
+ * with AVX-512 (Zen 4 and later), where rows in two passes measured faster. RMSNORM_FUSE_32=0 / 1
+ * sets it. */
 int rms_cpu_fuse_32(void);
 /* The shortest 32- and 64-bit rows, in bytes, whose add stores h in its first pass (RMS_EARLY_H;
  * see early_h_bytes in driver.c): 32 KiB, and on AMD CPUs from Zen 5 on rows over 16 KiB. Rows of
