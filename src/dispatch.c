@@ -143,6 +143,13 @@ static int bwd_widen_16 = 0;
  * 1.00 and 1.07 / 0.96; rows of 1 and 2 KiB either way (bfloat16 0.88 to 0.97, float16 1.04 to
  * 1.06). */
 static size_t fuse_16_fwd_below = SIZE_MAX, fuse_16_fwd_min = 0;
+/* On Zen 4 the backward's 16-bit rows under fuse_16_bwd_min bytes go in two passes too. The same
+ * build in one process with RMSNORM_FUSE_16 on and off, page-aligned, unfused over fused at one /
+ * two threads: bfloat16 262144x256 0.79 / 0.94 and 0.84 / 0.96 in two runs, 174762x384 0.90 /
+ * 0.92; float16 262144x256 0.80 / 0.75 and 0.80 / 0.98, 174762x384 0.88 / 0.93; rows of 1 KiB
+ * and more the same or slower (bfloat16 131072x512 1.02 / 0.99, 65536x1024 1.00 / 1.06, 16384x4096
+ * 0.99 / 1.15; float16 0.98 / 1.03, 0.99 / 1.05, 0.99 / 1.11). */
+static size_t fuse_16_bwd_min = 0;
 /* And on Zen 5 the forward fuses its 16-bit rows on one thread only (fuse_16_fwd_one). The same
  * build in one process with RMSNORM_FUSE_16 off and on, each pair in both orders, page-aligned, 96
  * MiB of x, unfused over fused, two threads: bfloat16 rows of 2 KiB 0.97, 4 KiB 0.94, 6 KiB 0.94,
@@ -263,7 +270,7 @@ size_t rms_cpu_storage_weight_k(int backward) {
 
 int rms_cpu_fuse_16(int backward, size_t row_bytes, int nthreads) {
     if (fuse_16)
-        return backward ||
+        return backward ? row_bytes >= fuse_16_bwd_min :
                (row_bytes >= fuse_16_fwd_min && row_bytes < fuse_16_fwd_below &&
                 (!fuse_16_fwd_one || nthreads == 1));
     return backward && fuse_16_bwd && row_bytes >= rms_isa_current()->fuse_bwd_16;
@@ -294,6 +301,7 @@ void rms_dispatch_init(void) {
     fuse_16_fwd_below = zen5 || amd_avx512 ? 65536 : SIZE_MAX;
     fuse_16_fwd_min = zen5 || amd_avx512 ? 1024 : 0;
     fuse_16_fwd_one = zen5;
+    fuse_16_bwd_min = amd_avx512 && !zen5 ? 1024 : 0;
     early_h_32 = zen5 ? 16385 : 32768;
     storage_k_zen5 = zen5 ? 4097 : 0;
     bwd_widen_16 = amd_avx512 && !zen5;
@@ -320,6 +328,7 @@ void rms_dispatch_init(void) {
         fuse_16_fwd_below = SIZE_MAX;
         fuse_16_fwd_min = 0;
         fuse_16_fwd_one = 0;
+        fuse_16_bwd_min = 0;
     }
     int edges = env_switch("RMSNORM_STREAM_EDGES", -1); /* 1: every row; 0: none */
     if (edges >= 0) {
