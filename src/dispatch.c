@@ -199,7 +199,7 @@ static size_t edges_min = SIZE_MAX, edges_min_16 = SIZE_MAX;
  * RMSNORM_FUSE_32 on and off, page-aligned, two passes over fused, one / two threads: float32
  * forward 65536x1024 0.68 / 0.69, 32768x2048 0.85 / 0.82, 16384x4096 0.81 / 0.95; add 65536x1024
  * 0.63 / 0.63; backward 1024x32768 0.64 / 0.88, 4096x12288 0.99 / 0.92; float64 forward
- * 32768x1024 0.71 / 0.66; the other shapes from 1M x 64 to 256x131072 0.96 to 1.04 (float32
+ * 32768x1024 0.71 / 0.66; the other shapes from 1M x 64 to 256x131072 0.91 to 1.04 (float32
  * backward 1M x 64 1.08 and 1.02 in two runs, float64 backward 32768x1024 at two threads 1.14,
  * then 0.96 and 1.02). */
 static int fuse_32 = 1;
