@@ -122,26 +122,25 @@ static size_t storage_k_zen5 = 0;
  * weight, gained less (bfloat16 8192x8192 0.91 / 0.99, 2048x32768 0.94 / 1.01, float16 8192x8192
  * 0.94 / 1.02). */
 static int bwd_widen_16 = 0;
-/* With fuse_16, the forward's rows of this many bytes or more still go in two passes: on AMD
- * CPUs with AVX-512, whose fused forward rows of 64 KiB or more take no prefetch
- * (FN(fused_ahead)). On Zen 5, the same build in one process with RMSNORM_FUSE_16 off and on,
- * each pair in both orders, one thread, new time over old: bfloat16 1024x32768 0.39, 256x65536 0.37, float16 1024x32768 0.42; rows of 32 KiB
- * and less measured faster fused (bfloat16 2048x16384 1.18, 8192x8192 1.11, 4096x8192 1.08;
- * float16 2048x16384 1.19), and so did the backward and the add of 64 KiB (bfloat16 1024x32768
- * 1.05 and 1.03), which keep it. And the forward's rows under fuse_16_fwd_min bytes go in two
- * passes there too (the kernels fuse none under 512 bytes): with the same switches, outputs
- * 16 bytes past a page (page-aligned), one / two threads: bfloat16 262144x256 0.82-0.83 /
- * 0.94-0.98 (0.65 / 0.80), float16 174762x384 0.92 / 0.97 (0.92 / 1.08). Rows of 1 KiB measured
- * either way (bfloat16 131072x512 1.05 / 0.94, float16 1.07 / 0.92; 65536x1024 1.10 / 0.79) and
- * stay fused. Zen 4 (AMD EPYC, 2 cores, 1 MiB of L2 a core) takes both rules: the same build in
- * one process with RMSNORM_FUSE_16 on and off, page-aligned, unfused over fused at one / two
- * threads: bfloat16 2048x32768 0.53 / 0.77, 512x65536 0.54 / 0.74, 256x131072 0.57 / 0.73; float16
- * 2048x32768 0.60 / 0.81, 512x65536 0.58 / 0.58, 256x131072 0.61 / 0.60; rows of 512 KiB either
- * way (128x262144 bfloat16 0.85 / 1.11, float16 0.89 / 1.14), of 1 and 2 MiB the same (0.99 to
- * 1.03); rows of 16 to 48 KiB faster fused (bfloat16 1.06 / 1.01 to 1.16, float16 1.02 / 1.01 to
- * 1.22). Under 1 KiB: bfloat16 262144x256 0.72 / 0.98, 174762x384 0.76 / 1.02, float16 0.97 /
- * 1.00 and 1.07 / 0.96; rows of 1 and 2 KiB either way (bfloat16 0.88 to 0.97, float16 1.04 to
- * 1.06). */
+/* With fuse_16, the forward's rows of this many bytes or more still go in two passes: on AMD CPUs
+ * with AVX-512, whose fused forward rows of 64 KiB or more take no prefetch (FN(fused_ahead)). On
+ * Zen 5, the same build in one process with RMSNORM_FUSE_16 off and on, each pair in both orders,
+ * one thread, new time over old: bfloat16 1024x32768 0.39, 256x65536 0.37, float16 1024x32768 0.42;
+ * rows of 32 KiB and less measured faster fused (bfloat16 2048x16384 1.18, 8192x8192 1.11,
+ * 4096x8192 1.08; float16 2048x16384 1.19), and so did the backward and the add of 64 KiB (bfloat16
+ * 1024x32768 1.05 and 1.03), which keep it. And the forward's rows under fuse_16_fwd_min bytes go
+ * in two passes there too (the kernels fuse none under 512 bytes): with the same switches, outputs
+ * 16 bytes past a page (page-aligned), one / two threads: bfloat16 262144x256 0.82-0.83 / 0.94-0.98
+ * (0.65 / 0.80), float16 174762x384 0.92 / 0.97 (0.92 / 1.08). Rows of 1 KiB measured either way
+ * (bfloat16 131072x512 1.05 / 0.94, float16 1.07 / 0.92; 65536x1024 1.10 / 0.79) and stay fused.
+ * Zen 4 (AMD EPYC, 2 cores, 1 MiB of L2 a core) takes both rules: the same build in one process
+ * with RMSNORM_FUSE_16 on and off, page-aligned, unfused over fused at one / two threads: bfloat16
+ * 2048x32768 0.53 / 0.77, 512x65536 0.54 / 0.74, 256x131072 0.57 / 0.73; float16 2048x32768 0.60 /
+ * 0.81, 512x65536 0.58 / 0.58, 256x131072 0.61 / 0.60; rows of 512 KiB either way (128x262144
+ * bfloat16 0.85 / 1.11, float16 0.89 / 1.14), of 1 and 2 MiB the same (0.99 to 1.03); rows of 16 to
+ * 48 KiB faster fused (bfloat16 1.06 / 1.01 to 1.16, float16 1.02 / 1.01 to 1.22). Under 1 KiB:
+ * bfloat16 262144x256 0.72 / 0.98, 174762x384 0.76 / 1.02, float16 0.97 / 1.00 and 1.07 / 0.96;
+ * rows of 1 and 2 KiB either way (bfloat16 0.88 to 0.97, float16 1.04 to 1.06). */
 static size_t fuse_16_fwd_below = SIZE_MAX, fuse_16_fwd_min = 0;
 /* On Zen 4 the backward's 16-bit rows under fuse_16_bwd_min bytes go in two passes too. The same
  * build in one process with RMSNORM_FUSE_16 on and off, page-aligned, unfused over fused at one /

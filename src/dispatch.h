@@ -80,8 +80,9 @@ size_t rms_cpu_storage_weight_k(int backward);
  * row_bytes across rows as it does 32- and 64-bit ones (RMS_FUSE_16; the kernels fuse none under
  * 512 bytes). On AMD CPUs both passes fuse, where it measured faster (Zen 3, AVX2; Zen 4; Zen 5),
  * except, with AVX-512 (Zen 4 and Zen 5), the forward's rows under 1 KiB and of 64 KiB or more,
- * on Zen 4 the backward's rows under 1 KiB, and on Zen 5 the forward on more than one thread. On other x86 CPUs the forward does not (an Intel Xeon measured it slower) and the
- * backward fuses rows of the kernel family's fuse_bwd_16 bytes or more (see dispatch.c).
+ * on Zen 4 the backward's rows under 1 KiB, and on Zen 5 the forward on more than one thread. On
+ * other x86 CPUs the forward does not (an Intel Xeon measured it slower) and the backward fuses
+ * rows of the kernel family's fuse_bwd_16 bytes or more (see dispatch.c).
  * RMSNORM_FUSE_16=1 / 0 fuses every row / none. */
 int rms_cpu_fuse_16(int backward, size_t row_bytes, int nthreads);
 /* Whether outputs of es-byte elements in rows of row_bytes that do not start on cache lines
