@@ -1266,7 +1266,9 @@ static int bwd_cols(const rms_kernels *kt, const rms_bwd_args *a, int nt, int fl
  * more. On a 16-core Intel Xeon (AVX-512), one thread, the same within noise (seven shapes, 0.94
  * to 1.02). With fewer rows the row's zeroing and copy cost more than they save (float32 and
  * bfloat16 rows of 512 bytes to 16 KiB, in cache: 2 rows 1.10 to 1.12 of the time, 8 rows 1.01
- * to 1.04, 16 and 64 rows 0.96 to 1.02). */
+ * to 1.04, 16 and 64 rows 0.96 to 1.02), and so does a row too long to be kept for the next call
+ * (RMS_KEEP_BYTES), which every call maps and faults in again (float32 16x2097152, a row of 8 MiB:
+ * 1.02 to 1.05 of the time). */
 #define RMS_OWN_DG_ROWS 16
 /* The backward on nt members that split the rows (bwd_phase), or on the calling thread. */
 static int bwd_split(const rms_kernels *kt, const rms_bwd_args *a, int nt, int flags,
@@ -1275,7 +1277,9 @@ static int bwd_split(const rms_kernels *kt, const rms_bwd_args *a, int nt, int f
     if (nt <= 1) { /* the rows of bwd_phase's one member, without its split */
         rms_bwd_args mine = *a;
         own_w_take(ow, 0, 0, &mine.w, &mine.flags);
-        char *dg = a->m >= RMS_OWN_DG_ROWS && a->dgamma ? member_rows(1, a->k, cs) : NULL;
+        int own = a->m >= RMS_OWN_DG_ROWS && a->dgamma &&
+                  dg_pitch(a->k, cs) + RMS_DG_ALIGN <= RMS_KEEP_BYTES;
+        char *dg = own ? member_rows(1, a->k, cs) : NULL;
         if (dg) {
             memset(dg, 0, a->k * cs);
             touch_after(dg + a->k * cs);
