@@ -291,6 +291,7 @@ void rms_dispatch_init(void) {
      * so on CPUs without AVX-512, Zen 3 among them, it changes nothing. */
     const int amd = x86_vendor_is("AuthenticAMD"), intel = x86_vendor_is("GenuineIntel");
     int amd_avx512 = amd && x86_has_avx512(), zen5 = amd && x86_family() >= 0x1a;
+    int zen4 = amd_avx512 && !zen5; /* AMD with AVX-512 before Zen 5 */
     /* Zen 4: every row the kernels would prefetch less far than the hardware; Zen 5 and later:
      * rows under 4 KiB (see rms_cpu_hw_prefetch in dispatch.h). */
     hw_prefetch_below = !amd_avx512 ? 0 : zen5 ? 4096 : SIZE_MAX;
@@ -300,10 +301,10 @@ void rms_dispatch_init(void) {
     fuse_16_fwd_below = zen5 || amd_avx512 ? 65536 : SIZE_MAX;
     fuse_16_fwd_min = zen5 || amd_avx512 ? 1024 : 0;
     fuse_16_fwd_one = zen5;
-    fuse_16_bwd_min = amd_avx512 && !zen5 ? 1024 : 0;
+    fuse_16_bwd_min = zen4 ? 1024 : 0;
     early_h_32 = zen5 ? 16385 : 32768;
     storage_k_zen5 = zen5 ? 4097 : 0;
-    bwd_widen_16 = amd_avx512 && !zen5;
+    bwd_widen_16 = zen4;
     fuse_16 = amd;
     fuse_16_bwd = !fuse_16;
     edges_min = intel ? 0 : zen5 ? 256 : SIZE_MAX;

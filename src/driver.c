@@ -399,10 +399,16 @@ static size_t dg_pitch(size_t k, size_t cs) {
 #define RMS_KEEP_SLOTS 2
 static char *kept[RMS_KEEP_SLOTS];
 
+/* The bytes of member_rows's block for n rows of k entries of cs bytes (its first page holds
+ * the size); blocks of up to RMS_KEEP_BYTES are kept between calls. */
+static size_t rows_bytes(int n, size_t k, size_t cs) {
+    return (size_t)n * dg_pitch(k, cs) + RMS_DG_ALIGN;
+}
+
 /* n rows of k entries of cs bytes, dg_pitch apart, or NULL when out of memory; rows_free gives
  * them back. */
 static char *member_rows(int n, size_t k, size_t cs) {
-    size_t bytes = (size_t)n * dg_pitch(k, cs) + RMS_DG_ALIGN;
+    size_t bytes = rows_bytes(n, k, cs);
     for (int i = 0; i < RMS_KEEP_SLOTS; i++) {
         char *b = __atomic_exchange_n(&kept[i], NULL, __ATOMIC_ACQ_REL);
         if (b && *(size_t *)b >= bytes)
@@ -1277,15 +1283,13 @@ static int bwd_split(const rms_kernels *kt, const rms_bwd_args *a, int nt, int f
     if (nt <= 1) { /* the rows of bwd_phase's one member, without its split */
         rms_bwd_args mine = *a;
         own_w_take(ow, 0, 0, &mine.w, &mine.flags);
-        int own = a->m >= RMS_OWN_DG_ROWS && a->dgamma &&
-                  dg_pitch(a->k, cs) + RMS_DG_ALIGN <= RMS_KEEP_BYTES;
-        char *dg = own ? member_rows(1, a->k, cs) : NULL;
-        if (dg) {
-            memset(dg, 0, a->k * cs);
+        int own = a->m >= RMS_OWN_DG_ROWS && a->dgamma && rows_bytes(1, a->k, cs) <= RMS_KEEP_BYTES;
+        char *dg = own ? member_rows(1, a->k, cs) : NULL, *acc = dg ? dg : a->dgamma;
+        if (a->m > 1 && acc)
+            memset(acc, 0, a->k * cs);
+        if (dg)
             touch_after(dg + a->k * cs);
-        } else if (a->m > 1 && a->dgamma)
-            memset(a->dgamma, 0, a->k * cs);
-        bwd_rows(kt, &mine, 0, a->m, dg ? dg : a->dgamma, es, cs, flags);
+        bwd_rows(kt, &mine, 0, a->m, acc, es, cs, flags);
         if (dg) {
             memcpy(a->dgamma, dg, a->k * cs);
             rows_free(dg);
