@@ -292,14 +292,15 @@ void rms_dispatch_init(void) {
     const int amd = x86_vendor_is("AuthenticAMD"), intel = x86_vendor_is("GenuineIntel");
     int amd_avx512 = amd && x86_has_avx512(), zen5 = amd && x86_family() >= 0x1a;
     int zen4 = amd_avx512 && !zen5; /* AMD with AVX-512 before Zen 5 */
+    int zen45 = amd_avx512 || zen5; /* Zen 4 and later */
     /* Zen 4: every row the kernels would prefetch less far than the hardware; Zen 5 and later:
      * rows under 4 KiB (see rms_cpu_hw_prefetch in dispatch.h). */
     hw_prefetch_below = !amd_avx512 ? 0 : zen5 ? 4096 : SIZE_MAX;
-    fuse_32 = !(zen5 || amd_avx512);
+    fuse_32 = !zen45;
     bwd_ahead_32 = zen5;
     fwd_near = fwd_ahead_32 = zen5;
-    fuse_16_fwd_below = zen5 || amd_avx512 ? 65536 : SIZE_MAX;
-    fuse_16_fwd_min = zen5 || amd_avx512 ? 1024 : 0;
+    fuse_16_fwd_below = zen45 ? 65536 : SIZE_MAX;
+    fuse_16_fwd_min = zen45 ? 1024 : 0;
     fuse_16_fwd_one = zen5;
     fuse_16_bwd_min = zen4 ? 1024 : 0;
     early_h_32 = zen5 ? 16385 : 32768;
