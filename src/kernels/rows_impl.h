@@ -49,7 +49,7 @@
     } while (0)
 /* the row reductions: sum x^2, sum round(x + r)^2, sum dy * x, sum dy * w * x (w in the
  * compute type, or in the storage type: RMS_DOTWS); with RMS_KPF or'ed in, the reduction also
- * prefetches its rows into L2 as it reads them (FN(quad), FN(fwd_pf1)) */
+ * prefetches its first row a into L2 as it reads it (FN(quad), FN(fwd_pf1)) */
 enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW, RMS_DOTWS, RMS_KPF = 8 };
 #ifndef RMS_PF1_AHEAD
 #define RMS_PF1_AHEAD 1024
@@ -332,11 +332,9 @@ RMS_INLINE void FN(factors)(const T *a, const T *b, const void *w, V vr, size_t 
 RMS_INLINE void FN(quad)(const T *a, const T *b, const void *w, V vr, size_t i, const int kind,
                          V *p, V *q, V *r, V *s) {
     if (kind & RMS_KPF) {
-        for (size_t o = 0; o < 4 * W * sizeof(T); o += RMS_PF1_STEP) {
-            __builtin_prefetch((const char *)(a + i) + RMS_PF1_AHEAD + o, 0, 2);
-            if ((kind & ~RMS_KPF) != RMS_SQ)
-                __builtin_prefetch((const char *)(b + i) + RMS_PF1_AHEAD + o, 0, 2);
-        }
+        /* addresses as integers: the lines ahead may lie past the end of the array */
+        for (size_t o = 0; o < 4 * W * sizeof(T); o += RMS_PF1_STEP)
+            __builtin_prefetch((const void *)((uintptr_t)(a + i) + RMS_PF1_AHEAD + o), 0, 2);
         FN(quad)(a, b, w, vr, i, kind & ~RMS_KPF, p, q, r, s);
         return;
     }
