@@ -1063,11 +1063,13 @@ static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
  * the same bits, new time over old at one thread: float32 32768x2048 0.93-0.96 (0.95-1.00 at
  * two), 8192x2048 0.94-0.96, float64 16384x1024 0.95; rows of 6 KiB the same within 0.02
  * (float32 16384x1536, 43690x1536; float64 16384x768 0.95). 2 KiB ahead measured slower (1.03 to
- * 1.11), every line about the same (0.93 to 0.97); so did the first pass of the float32 backward
- * prefetching both rows for rows of 512 bytes to 4 KiB (0.93 to 1.03: left out). */
+ * 1.11), every line about the same (0.93 to 0.97). Left out: the float32 backward's first pass
+ * prefetching both its rows, rows of 512 bytes to 4 KiB (0.93 to 1.03), and the add's first pass
+ * (0.97 to 1.01). Vector kernels only: a quad of the scalar ones covers 16 or 32 bytes, and each
+ * would prefetch the same line again. */
 static inline int FN(fwd_pf1)(size_t k, size_t d, int flags) {
-    return sizeof(T) >= 4 && !d && (flags & RMS_HW_PREFETCH) && k * sizeof(T) > 4096 &&
-           k * sizeof(T) <= 8192;
+    return sizeof(T) >= 4 && 4 * W * sizeof(T) >= RMS_PF1_STEP && !d &&
+           (flags & RMS_HW_PREFETCH) && k * sizeof(T) > 4096 && k * sizeof(T) <= 8192;
 }
 
 /* The forward's prefetch row for row i: FN(row_ahead), or with RMS_FWD_AHEAD_32, for contiguous
