@@ -50,7 +50,8 @@
 /* the row reductions: sum x^2, sum round(x + r)^2, sum dy * x, sum dy * w * x (w in the
  * compute type, or in the storage type: RMS_DOTWS); with RMS_KPF or'ed in, the reduction also
  * prefetches its first row a into L2 as it reads it (FN(quad), FN(fwd_pf1)) */
-enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW, RMS_DOTWS, RMS_KPF = 8 };
+enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW, RMS_DOTWS, RMS_KPF = 8, RMS_KDG = 16 };
+#define RMS_KBITS (RMS_KPF | RMS_KDG)
 #ifndef RMS_PF1_AHEAD
 #define RMS_PF1_AHEAD 1024
 #endif
@@ -311,17 +312,20 @@ static void FN(narrow)(const void *src, void *dst, size_t n) {
 
 /* The two factors of the terms of t elements at i (partial loads are zero-filled); the dot
  * products use x * r, which stays near 1 whatever the scale of x. */
-RMS_INLINE void FN(factors)(const T *a, const T *b, const void *w, V vr, size_t i, size_t t,
-                            const int kpf, V *u, V *v) {
-    const int kind = kpf & ~RMS_KPF;
+RMS_INLINE void FN(factors)(const T *a, const T *b, const void *w, C *dg, V vr, size_t i,
+                            size_t t, const int kpf, V *u, V *v) {
+    const int kind = kpf & ~RMS_KBITS;
     if (kind == RMS_SQ) {
         *u = *v = LDX(a + i, t);
     } else if (kind == RMS_ADDSQ) {
         *u = *v = V_RND(V_ADD(LDX(a + i, t), LDX(b + i, t)));
     } else {
         const int hw = kind == RMS_DOTWS ? 2 : 1; /* the weight's type, for DOTW(S) */
-        *u = kind == RMS_DOT ? LDX(a + i, t) : V_MUL(LDX(a + i, t), LDW(W_AT(w, i, hw), t, hw));
+        V d = LDX(a + i, t);
+        *u = kind == RMS_DOT ? d : V_MUL(d, LDW(W_AT(w, i, hw), t, hw));
         *v = V_MUL(LDX(b + i, t), vr);
+        if (kpf & RMS_KDG)
+            STCX(dg + i, V_FMA(d, *v, LDCX(dg + i, t)), t);
     }
 }
 
@@ -329,13 +333,13 @@ RMS_INLINE void FN(factors)(const T *a, const T *b, const void *w, V vr, size_t 
  * 2W storage elements, e.g. VDPBF16PS) the squares of x, and of h = round(x + r) packed back
  * by V_PACK2DOT, take two of them and leave r and s alone; the add and the plain forward pass both
  * go this way, so that their sums stay bit-identical. */
-RMS_INLINE void FN(quad)(const T *a, const T *b, const void *w, V vr, size_t i, const int kind,
-                         V *p, V *q, V *r, V *s) {
+RMS_INLINE void FN(quad)(const T *a, const T *b, const void *w, C *dg, V vr, size_t i,
+                         const int kind, V *p, V *q, V *r, V *s) {
     if (kind & RMS_KPF) {
         /* addresses as integers: the lines ahead may lie past the end of the array */
         for (size_t o = 0; o < 4 * W * sizeof(T); o += RMS_PF1_STEP)
             __builtin_prefetch((const void *)((uintptr_t)(a + i) + RMS_PF1_AHEAD + o), 0, 2);
-        FN(quad)(a, b, w, vr, i, kind & ~RMS_KPF, p, q, r, s);
+        FN(quad)(a, b, w, dg, vr, i, kind & ~RMS_KPF, p, q, r, s);
         return;
     }
 #ifdef V_DOT2
@@ -355,10 +359,10 @@ RMS_INLINE void FN(quad)(const T *a, const T *b, const void *w, V vr, size_t i, 
     }
 #endif
     V u0, v0, u1, v1, u2, v2, u3, v3;
-    FN(factors)(a, b, w, vr, i, W, kind, &u0, &v0);
-    FN(factors)(a, b, w, vr, i + W, W, kind, &u1, &v1);
-    FN(factors)(a, b, w, vr, i + 2 * W, W, kind, &u2, &v2);
-    FN(factors)(a, b, w, vr, i + 3 * W, W, kind, &u3, &v3);
+    FN(factors)(a, b, w, dg, vr, i, W, kind, &u0, &v0);
+    FN(factors)(a, b, w, dg, vr, i + W, W, kind, &u1, &v1);
+    FN(factors)(a, b, w, dg, vr, i + 2 * W, W, kind, &u2, &v2);
+    FN(factors)(a, b, w, dg, vr, i + 3 * W, W, kind, &u3, &v3);
     *p = V_FMA(u0, v0, *p);
     *q = V_FMA(u1, v1, *q);
     *r = V_FMA(u2, v2, *r);
@@ -367,7 +371,7 @@ RMS_INLINE void FN(quad)(const T *a, const T *b, const void *w, V vr, size_t i, 
 
 /* Whether quad() takes `kind` two accumulators at a time (V_DOT2). */
 #ifdef V_DOT2
-#define RMS_KIND_DOT2(kind) (((kind) & ~RMS_KPF) == RMS_SQ || ((kind) & ~RMS_KPF) == RMS_ADDSQ)
+#define RMS_KIND_DOT2(kind) (((kind) & ~RMS_KBITS) == RMS_SQ || ((kind) & ~RMS_KBITS) == RMS_ADDSQ)
 #else
 #define RMS_KIND_DOT2(kind) 0
 #endif
@@ -379,16 +383,16 @@ RMS_INLINE void FN(quad)(const T *a, const T *b, const void *w, V vr, size_t i, 
  * RMS_BLOCK vectors) is summed in the compute type, then widened once. A row's sum is its blocks
  * in order (reduce_blk, while at least 4 W elements remain), then the rest (reduce_end), so a
  * loop may take a row's blocks between other work (FN(fwd_fused)) and get the same bits. */
-RMS_INLINE void FN(reduce_blk)(const T *a, const T *b, const void *w, V vr, size_t n,
+RMS_INLINE void FN(reduce_blk)(const T *a, const T *b, const void *w, C *dg, V vr, size_t n,
                                const int kind, size_t *pi, A *l0, A *h0, const int first) {
     V a0 = V_SET((C)0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     size_t i = *pi, stop = n - i >= RMS_BLOCK * W ? i + RMS_BLOCK * W : n, start = i;
     for (; i + 8 * W <= stop; i += 8 * W) {
-        FN(quad)(a, b, w, vr, i, kind, &a0, &a1, &a2, &a3);
-        FN(quad)(a, b, w, vr, i + 4 * W, kind, &a4, &a5, &a6, &a7);
+        FN(quad)(a, b, w, dg, vr, i, kind, &a0, &a1, &a2, &a3);
+        FN(quad)(a, b, w, dg, vr, i + 4 * W, kind, &a4, &a5, &a6, &a7);
     }
     if (i + 4 * W <= stop) {
-        FN(quad)(a, b, w, vr, i, kind, &a0, &a1, &a2, &a3);
+        FN(quad)(a, b, w, dg, vr, i, kind, &a0, &a1, &a2, &a3);
         i += 4 * W;
     }
     /* The add tree leaves out accumulators that are still +0: a4..a7 when the block was a
@@ -409,36 +413,36 @@ RMS_INLINE void FN(reduce_blk)(const T *a, const T *b, const void *w, V vr, size
     *pi = i;
 }
 
-RMS_INLINE A FN(reduce_end)(const T *a, const T *b, const void *w, V vr, size_t n,
+RMS_INLINE A FN(reduce_end)(const T *a, const T *b, const void *w, C *dg, V vr, size_t n,
                             const int kind, size_t i, A l0, A h0) {
     A l1 = A_ZERO, h1 = A_ZERO;
     V u0, v0;
     for (; i + W <= n; i += W) {
-        FN(factors)(a, b, w, vr, i, W, kind, &u0, &v0);
+        FN(factors)(a, b, w, dg, vr, i, W, kind, &u0, &v0);
         A_WIDEN(l0, h0, V_MUL(u0, v0));
     }
     if (i == n) /* no partial vector: l1, h1 would add +0 */
         return A_ADD(l0, h0);
-    FN(factors)(a, b, w, vr, i, n - i, kind, &u0, &v0);
+    FN(factors)(a, b, w, dg, vr, i, n - i, kind, &u0, &v0);
     A_WIDEN(l1, h1, V_MUL(u0, v0));
     return A_ADD(A_ADD(l0, h0), A_ADD(l1, h1));
 }
 
-RMS_INLINE A FN(reduce_a)(const T *a, const T *b, const void *w, C r, size_t n,
+RMS_INLINE A FN(reduce_a)(const T *a, const T *b, const void *w, C *dg, C r, size_t n,
                           const int kind) {
     V vr = V_SET(r);
     A l0 = A_ZERO, h0 = A_ZERO;
     size_t i = 0;
     for (int first = 1; i + 4 * W <= n; first = 0)
-        FN(reduce_blk)(a, b, w, vr, n, kind, &i, &l0, &h0, first);
-    return FN(reduce_end)(a, b, w, vr, n, kind, i, l0, h0);
+        FN(reduce_blk)(a, b, w, dg, vr, n, kind, &i, &l0, &h0, first);
+    return FN(reduce_end)(a, b, w, dg, vr, n, kind, i, l0, h0);
 }
 
 /* The sum (reduce_a leaves its float64 lanes to be added up, so that a group's rows can add
  * theirs up together: FN(sums)). */
 RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, size_t n,
                              const int kind) {
-    return A_SUM(FN(reduce_a)(a, b, w, r, n, kind));
+    return A_SUM(FN(reduce_a)(a, b, w, NULL, r, n, kind));
 }
 
 /* ss[j] = A_SUM(sa[j]) for a group of n rows: eight at once through V_HSUM8 where an ISA defines
@@ -1044,12 +1048,25 @@ static inline size_t FN(fwd_group)(size_t k, const int nt) {
  * rows reach 32 KiB ahead rather than 64 where the driver asks (RMS_BWD_AHEAD_32: see
  * rms_cpu_bwd_ahead_32 in dispatch.h), so that rows of 12 to 16 KiB in pairs prefetch the next
  * pair's first row and leave its second to the hardware, and single rows prefetch the next. */
+/* Whether the backward's rows that FN(near) prefetches into L1 reach 8 KiB ahead rather than 16,
+ * that is the next row: its 32- and 64-bit rows of over 4 KiB and up to 8 KiB with
+ * RMS_HW_PREFETCH (AMD EPYC Zen 4), where the row, the weight, the dgamma row and the two rows
+ * after the next overflowed the 32 KiB L1. The two alternating in one process, each order, inputs
+ * 256 MiB + 16 KiB apart, new time over old, one thread: float32 43690x1536 0.88 and 0.90,
+ * 52428x1280 0.91 and 0.90; inputs 256 MiB + 4 KiB apart: float32 43690x1536 0.92 and 0.93,
+ * 52428x1280 0.89 and 0.91, 37449x1792 0.88 and 0.87, float64 43690x768 0.93; two threads, float32
+ * 43690x1536 0.95. Rows of 8 KiB already reach only the next row. */
+static inline int FN(bwd_near8)(const int pass, int flags) {
+    return pass == RMS_P_BWD && sizeof(T) >= 4 && (flags & RMS_HW_PREFETCH);
+}
+
 static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
     if ((flags & RMS_HW_PREFETCH) && sizeof(T) >= 4 &&
         k * sizeof(T) <= (pass == RMS_P_FWD ? 8192u : 4096u) && !FN(fwd_near)(k, pass, flags))
         return 0;
     size_t bytes = k * sizeof(T) * (pass == RMS_P_FWD ? 1 : 2);
-    size_t reach = FN(near)(k, pass, flags)                                         ? 16 * 1024
+    size_t reach = FN(near)(k, pass, flags) && FN(bwd_near8)(pass, flags)            ? 8 * 1024
+                   : FN(near)(k, pass, flags)                                         ? 16 * 1024
                    : pass == RMS_P_BWD && sizeof(T) >= 4 && (flags & RMS_BWD_AHEAD_32) ? 32 * 1024
                                                                                    : 64 * 1024;
     size_t d = (reach + bytes - 1) / (bytes ? bytes : 1);
@@ -1232,11 +1249,11 @@ RMS_INLINE void FN(fwd_chunk)(const T *x, T *y, const void *w, V vr, size_t c, s
         CHUNK(0, c_, c_);                                                                          \
         for (int first_ = 1; ir_ + 4 * W <= (k) || c_ < (k); first_ = 0, c_ += B_) {               \
             if (ir_ + 4 * W <= (k))                                                                \
-                FN(reduce_blk)(a, b, wr, s, k, kind, &ir_, &l_, &h_, first_);                      \
+                FN(reduce_blk)(a, b, wr, NULL, s, k, kind, &ir_, &l_, &h_, first_);                \
             if (c_ < (k))                                                                          \
                 CHUNK(c_, (k) - c_ < B_ ? (k) - c_ : B_, 0);                                       \
         }                                                                                          \
-        sa = FN(reduce_end)(a, b, wr, s, k, kind, ir_, l_, h_);                                    \
+        sa = FN(reduce_end)(a, b, wr, NULL, s, k, kind, ir_, l_, h_);                              \
     } while (0)
 
 /* The forward of FN(fused) rows: each block of row i + 1's sum, then as many elements of row i's
@@ -1247,7 +1264,7 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, cons
                               const int before, const size_t d) {
     const double inv_k = rms_inv_pow2(k);
     const V one = V_SET((C)1);
-    A sa = FN(reduce_a)(x, NULL, NULL, (C)1, k, RMS_SQ);
+    A sa = FN(reduce_a)(x, NULL, NULL, NULL, (C)1, k, RMS_SQ);
     FN(rstds)(&sa, rstd, 1, x, xs, NULL, 0, k, eps, inv_k);
     for (size_t i = 0; i < m; i++) {
         const T *xr = x + (ptrdiff_t)i * xs, *xn = i + 1 < m ? xr + xs : NULL;
@@ -1255,7 +1272,7 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, cons
         size_t head;
         if (!xn || !FN(plan_stream)(yr, NULL, k, RMS_STREAM, &head)) {
             if (xn)
-                sa = FN(reduce_a)(xn, NULL, NULL, (C)1, k, RMS_SQ);
+                sa = FN(reduce_a)(xn, NULL, NULL, NULL, (C)1, k, RMS_SQ);
             FN(fwd_row)(x, xs, y, ys, w, rstd, i, m, k, 0, RMS_PF_L2, flags, hasw, before, 1);
         } else {
             const V vr = V_SET(rstd[i]);
@@ -1287,16 +1304,17 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, T *y, ptrdiff_t ys, const
         if (!pipe || i == 0) {
             n = rms_group_rows(i, m, g);
             for (size_t j = 0; j < n; j++)
-                sa[j] = pf1 ? FN(reduce_a)(x + (ptrdiff_t)(i + j) * xs, NULL, NULL, (C)1, k,
+                sa[j] = pf1 ? FN(reduce_a)(x + (ptrdiff_t)(i + j) * xs, NULL, NULL, NULL, (C)1, k,
                                            RMS_SQ | RMS_KPF)
-                            : FN(reduce_a)(x + (ptrdiff_t)(i + j) * xs, NULL, NULL, (C)1, k,
+                            : FN(reduce_a)(x + (ptrdiff_t)(i + j) * xs, NULL, NULL, NULL, (C)1, k,
                                            RMS_SQ);
         }
         FN(rstds)(sa, rstd + i, n, x + (ptrdiff_t)i * xs, xs, NULL, 0, k, eps, inv_k);
         size_t next = i + g, n2 = pipe ? rms_group_rows(next, m, g) : 0;
         for (size_t j = 0; j < n; j++) {
             if (j < n2)
-                sa[j] = FN(reduce_a)(x + (ptrdiff_t)(next + j) * xs, NULL, NULL, (C)1, k, RMS_SQ);
+                sa[j] = FN(reduce_a)(x + (ptrdiff_t)(next + j) * xs, NULL, NULL, NULL, (C)1, k,
+                                     RMS_SQ);
             FN(fwd_row)(x, xs, y, ys, w, rstd, i + j, m, k, d, pm, flags, hasw, before, nt);
         }
         n = n2;
