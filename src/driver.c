@@ -864,7 +864,7 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
  * 0.47-0.49, 2M x 32 0.61 / 0.62, backward 524288x128 0.57-0.63 / 0.76-0.81, 262144x256
  * 0.81-0.83 / 0.78; float64 forward 1M x 32 0.63 / 0.61-0.62. Backward rows of 128 and 256
  * bytes lost at two threads (float32 2M x 32 1.47, 1M x 64 0.87-0.94 against 0.56-0.57 at one)
- * and are not streamed. The float32 forward with a weight compiles rows of 64 and 128 elements
+ * and are not streamed. The float32 forward compiles rows of 64 and 128 elements
  * as constants (RMS_KSW in rows_impl.h), and there the code of the streamed partial lines
  * slowed the rows on lines that never store one (page-aligned 1M x 64, 1.06-1.22 of the time;
  * through a call, as 16-bit rows below, 1.07, and 524288x128 1.15): those loops keep plain

@@ -153,8 +153,12 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
  * 1.34-1.40 -> 1.25-1.27), and for the 16- and 32-bit forward with a weight (AMD EPYC Zen 3,
  * two builds alternating in one process, new time over old at one / two threads: bfloat16
  * 1M x 64 0.77 / 0.77-0.87, 524288x128 0.89 / 0.87; float16 0.80-0.84 / 0.83-0.93 and 0.87 /
- * 0.92; float32 524288x128 0.73 / 0.97-0.99, 1M x 64 the same within 0.03, in cache 0.88). The
- * float32 add and backward measured no faster (0.93 to 1.06), so they keep the one loop. */
+ * 0.92; float32 524288x128 0.73 / 0.97-0.99, 1M x 64 the same within 0.03, in cache 0.88), and
+ * without one too (AMD EPYC Zen 4, the same, each order, page-aligned, one thread: bfloat16
+ * 1M x 64 0.79 and 0.80, 524288x128 0.87 and 0.87; float16 1M x 64 0.77 and 0.77; float32
+ * 524288x128 0.84 and 0.83, 1M x 64 0.94 and 0.97, 2048x64 in cache 0.73; two threads, bfloat16
+ * 1M x 64 0.80, float32 524288x128 0.96). The float32 add and backward measured no faster (0.93
+ * to 1.06), so they keep the one loop. */
 #define RMS_KSW(on, k, CALL)                                                                       \
     do {                                                                                           \
         if ((on) && (k) == RMS_KSW_K1) {                                                           \
@@ -168,10 +172,10 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
             CALL;                                                                                  \
         }                                                                                          \
     } while (0)
-/* RMS_KSW's `on` for the forward (16- and 32-bit rows) and the add (16-bit rows): a weight
- * (hw), cast at the end (!bf). Their switches ask it with constant options, and their RMS_ANY_K
- * tests with the call's. */
-#define RMS_KSW_FWD(hw, bf) (sizeof(T) <= 4 && (hw) && !(bf))
+/* RMS_KSW's `on` for the forward (16- and 32-bit rows, with a weight or without) and the add
+ * (16-bit rows, with a weight: hw), the weight cast at the end (!bf). Their switches ask it with
+ * constant options, and their RMS_ANY_K tests with the call's. */
+#define RMS_KSW_FWD(hw, bf) (sizeof(T) <= 4 && !(bf))
 #define RMS_KSW_ADD(hw, bf) (sizeof(T) == 2 && (hw) && !(bf))
 /* The kinds of second pass over a row (FN(span)): the forward (y = (x * r) * w), the add
  * (h = round(x + r), y = (h * r) * w), the backward (dx, and the dgamma partial row per hasdg)
@@ -1354,7 +1358,7 @@ static __attribute__((noinline)) void FN(fwd_fused_rows)(const void *x, ptrdiff_
 #undef RMS_X
 }
 
-/* Rows of the constant lengths with a weight cast at the end, through the general loop
+/* Rows of the constant lengths with no weight or one cast at the end, through the general loop
  * (RMS_ANY_K: see the driver), in a function of their own: a test of the flag among the
  * constant-length loops changed those loops' code, and rows on lines ran slower (float32
  * 1M x 64, 1.02-1.03 of the time). */
@@ -1362,7 +1366,10 @@ __attribute__((noinline)) static void FN(fwd_rows_any)(const void *x, ptrdiff_t 
                                                        ptrdiff_t ys, const void *w, void *rstd,
                                                        size_t m, size_t k, double eps,
                                                        int flags) {
-    if (flags & RMS_W_STORAGE)
+    if (!w)
+        FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, 0, 0,
+                     RMS_NT_ON);
+    else if (flags & RMS_W_STORAGE)
         FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, k, eps, flags, RMS_HW_S, 0,
                      RMS_NT_ON);
     else
