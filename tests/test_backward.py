@@ -50,7 +50,9 @@ def test_backward_gamma_dtypes_and_offset(dtype, gamma_dtype, offset, rng):
     run_and_check(x, gamma, dy, offset=offset)
 
 
-@pytest.mark.parametrize("shape", [(5, 17), (3, 4, 33), (1025,), (0, 8)], ids=str)
+@pytest.mark.parametrize(
+    "shape", [(5, 17), (3, 4, 33), (1025,), (0, 8), (40, 64), (40, 128)], ids=str
+)
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 def test_backward_gamma_none(dtype, shape, isa_threads, rng):
     x = oracle.make_x(rng, shape, dtype)

@@ -41,6 +41,20 @@ def test_add_rms_norm_matches_oracle(dtype, shape, offset, isa_threads, rng):
     assert oracle.bits_equal(rstd, r2), "rstd != rms_norm(h) bitwise"
 
 
+@pytest.mark.parametrize("k", (64, 128))
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+def test_add_rms_norm_short_rows_gamma_none(dtype, k, isa_threads, rng):
+    """Rows of the lengths that the 16-bit add compiles as constants, without a weight."""
+    x, res, _ = data(rng, (40, k), None, dtype)
+    y, rstd, h = rmsnorm.add_rms_norm(x, res, None)
+    h_ref, y64, _, r64, _ = oracle.add_rms_norm(x, res, None)
+    assert oracle.bits_equal(h, h_ref), "h is not round(x + residual)"
+    oracle.assert_y_close(y, y64, 1, dtype)
+    oracle.assert_rstd_close(rstd, r64, dtype)
+    y2, r2 = rmsnorm.rms_norm(h)
+    assert oracle.bits_equal(y, y2) and oracle.bits_equal(rstd, r2)
+
+
 @pytest.mark.parametrize("cast", ("end", "before_weight"))
 @pytest.mark.parametrize("gamma_dtype", ALL_DTYPES, ids=lambda d: "g" + dtype_id(d))
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)

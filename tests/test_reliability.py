@@ -517,7 +517,12 @@ for isa in rmsnorm.available_isas():
                 for t in (1, 2):
                     rmsnorm.set_num_threads(t)
                     y, rstd = rmsnorm.rms_norm(x, g, out=at(x.shape, dt, shift))
-                    y0, rstd0 = rmsnorm.rms_norm(x, out=at(x.shape, dt, shift))  # no weight
+                    # and without a weight
+                    y0, rstd0 = rmsnorm.rms_norm(x, out=at(x.shape, dt, shift))
+                    dx0, _ = rmsnorm.rms_norm_backward(r, x, None, rstd0, out=at(x.shape, dt, shift))
+                    ya0, ra0, h0 = rmsnorm.add_rms_norm(
+                        x, r, out=at(x.shape, dt, shift), residual_out=at(x.shape, dt, shift)
+                    )
                     dx, dg = rmsnorm.rms_norm_backward(r, x, g, rstd, out=at(x.shape, dt, shift))
                     ya, ra, h = rmsnorm.add_rms_norm(
                         x, r, g, out=at(x.shape, dt, shift), residual_out=at(x.shape, dt, shift)
@@ -525,7 +530,7 @@ for isa in rmsnorm.available_isas():
                     xi, ri = at(x.shape, dt, shift), at(x.shape, dt, shift)
                     xi[...], ri[...] = x, r  # in place: y over x, h over r
                     rmsnorm.add_rms_norm(xi, ri, g, out=xi, residual_out=ri)
-                    keep(out, (y, rstd, y0, rstd0, dx, dg, ya, ra, h, xi, ri))
+                    keep(out, (y, rstd, y0, rstd0, dx0, ya0, ra0, h0, dx, dg, ya, ra, h, xi, ri))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
 
@@ -534,9 +539,9 @@ def test_streaming_does_not_change_results():
     """RMSNORM_STREAM_BYTES=0 streams every output (whole cache lines non-temporally, the
     partial lines of rows that start or end inside one plainly, or on x86-64 non-temporally in
     pieces of 16, 8 and 4 bytes where the row starts and ends on 4 bytes: every 32- and 64-bit
-    row, and the 16-bit rows here of even length shifted 0, 2 or 8 elements; the 16- and 32-bit
-    forward's rows of 64, shifted off lines, then take the general loop rather than the one
-    compiled for their length); a huge value streams none.
+    row, and the 16-bit rows here of even length shifted 0, 2 or 8 elements; the forward's and
+    the 16-bit add's rows of 64, with a weight or without, shifted off lines, then take the
+    general loop rather than the one compiled for their length); a huge value streams none.
     Every ISA, dtype, output offset and thread count must give the same bits either way, with
     rows that take the slow path (zero, NaN, squares that underflow) among the short rows, which
     the streamed float32 forward takes in groups, and among the long rows, whose sums the forward,

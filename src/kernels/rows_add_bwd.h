@@ -397,14 +397,17 @@ static void FN(add_fused_rows)(RMS_ADD_ARGS) {
 #undef RMS_X
 }
 
-/* 16-bit rows of the constant lengths with a weight cast at the end through the general loop
- * (RMS_ANY_K), as fwd_rows_any. */
+/* 16-bit rows of the constant lengths with no weight or one cast at the end, through the general
+ * loop (RMS_ANY_K), as fwd_rows_any. */
 __attribute__((noinline)) static void FN(add_rows_any)(const void *x, ptrdiff_t xs, const void *r,
                                                        ptrdiff_t rs, void *h, ptrdiff_t hs,
                                                        void *y, ptrdiff_t ys, const void *w,
                                                        void *rstd, size_t m, size_t k, double eps,
                                                        int flags) {
-    if (flags & RMS_W_STORAGE)
+    if (!w)
+        FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m,
+                     k, eps, flags, 0, 0, RMS_NT_ON);
+    else if (flags & RMS_W_STORAGE)
         FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m,
                      k, eps, flags, RMS_HW_S, 0, RMS_NT_ON);
     else
@@ -417,7 +420,7 @@ __attribute__((noinline)) static void FN(add_rows_any)(const void *x, ptrdiff_t 
 /* The row loop of each option (RMS_VARIANTS3) */
 #define RMS_X(o, hw, bf, nt)                                                                       \
     RMS_VARIANT RMS_VFN(add_v, o)(RMS_ADD_ARGS) {                                                 \
-        RMS_KSW(RMS_KSW_ADD(hw, bf), k,                                                            \
+        RMS_KSW(RMS_KSW_ADD(bf), k,                                                            \
                 FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,        \
                              (C *)rstd, m, KK, eps, flags, hw, bf, nt));                           \
     }
@@ -430,7 +433,7 @@ static void FN(add_rows)(RMS_ADD_ARGS) {
         return;
     }
     if ((flags & RMS_ANY_K) && (flags & RMS_STREAM) &&
-        RMS_KSW_ADD(w != NULL, flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
+        RMS_KSW_ADD(flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
         FN(add_rows_any)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }
@@ -750,7 +753,7 @@ static void FN(bwd_fused_rows)(RMS_BWD_ARGS) {
 #define RMS_X(o, hw, hg, nt)                                                                       \
     RMS_VARIANT RMS_VFN(bwd_v, o)(RMS_BWD_ARGS) {                                                 \
         if (RMS_BWD_HG(hg))                                                                        \
-            RMS_KSW(sizeof(T) == 2 && (hw) && (hg) == 1, k,                                        \
+            RMS_KSW(sizeof(T) == 2 && (!(hw) || (hg) == 1), k,                                  \
                     FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w,            \
                                  (const C *)rstd, (C *)dg, m, KK, flags, hw, hg, nt));             \
     }

@@ -157,8 +157,12 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
  * without one too (AMD EPYC Zen 4, the same, each order, page-aligned, one thread: bfloat16
  * 1M x 64 0.79 and 0.80, 524288x128 0.87 and 0.87; float16 1M x 64 0.77 and 0.77; float32
  * 524288x128 0.84 and 0.83, 1M x 64 0.94 and 0.97, 2048x64 in cache 0.73; two threads, bfloat16
- * 1M x 64 0.80, float32 524288x128 0.96). The float32 add and backward measured no faster (0.93
- * to 1.06), so they keep the one loop. */
+ * 1M x 64 0.80, float32 524288x128 0.96). The 16-bit add and backward take them without a
+ * weight as well (the same, one thread: add bfloat16 1M x 64 0.73 and 0.68, 524288x128 0.78 and
+ * 0.77, float16 1M x 64 0.74 and 0.73; backward bfloat16 1M x 64 0.88 and 0.88, 524288x128 0.98
+ * and 0.97, float16 1M x 64 0.85 and 0.86; two threads, bfloat16 1M x 64: add 0.77, backward
+ * 0.94). The float32 add and backward measured no faster (0.93 to 1.06), so they keep the one
+ * loop. */
 #define RMS_KSW(on, k, CALL)                                                                       \
     do {                                                                                           \
         if ((on) && (k) == RMS_KSW_K1) {                                                           \
@@ -172,11 +176,11 @@ static inline void rms_nt_bytes(char *d, const char *s, size_t nb) {
             CALL;                                                                                  \
         }                                                                                          \
     } while (0)
-/* RMS_KSW's `on` for the forward (16- and 32-bit rows, with a weight or without) and the add
- * (16-bit rows, with a weight: hw), the weight cast at the end (!bf). Their switches ask it with
- * constant options, and their RMS_ANY_K tests with the call's. */
-#define RMS_KSW_FWD(hw, bf) (sizeof(T) <= 4 && !(bf))
-#define RMS_KSW_ADD(hw, bf) (sizeof(T) == 2 && (hw) && !(bf))
+/* RMS_KSW's `on` for the forward (16- and 32-bit rows) and the add (16-bit rows), with a weight
+ * cast at the end (!bf) or with none. Their switches ask it with constant options, and their
+ * RMS_ANY_K tests with the call's. */
+#define RMS_KSW_FWD(bf) (sizeof(T) <= 4 && !(bf))
+#define RMS_KSW_ADD(bf) (sizeof(T) == 2 && !(bf))
 /* The kinds of second pass over a row (FN(span)): the forward (y = (x * r) * w), the add
  * (h = round(x + r), y = (h * r) * w), the backward (dx, and the dgamma partial row per hasdg)
  * the backward of two rows at once (accumulating dgamma), h alone, and the add's y alone (h
@@ -1386,13 +1390,13 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
         return;
     }
     if ((flags & RMS_ANY_K) && (flags & RMS_STREAM) &&
-        RMS_KSW_FWD(w != NULL, flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
+        RMS_KSW_FWD(flags & RMS_CAST_BEFORE) && rms_ksw_k(k)) {
         FN(fwd_rows_any)(x, xs, y, ys, w, rstd, m, k, eps, flags);
         return;
     }
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    RMS_KSW(RMS_KSW_FWD(hw, bf), k,                                                                \
+    RMS_KSW(RMS_KSW_FWD(bf), k,                                                                \
             FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, KK, eps, flags, hw, bf,    \
                          nt))
     RMS_SWITCH3(opt, flags, RMS_X);
