@@ -140,7 +140,12 @@ static int bwd_widen_16 = 0;
  * bfloat16 0.85 / 1.11, float16 0.89 / 1.14), of 1 and 2 MiB the same (0.99 to 1.03); rows of 16 to
  * 48 KiB faster fused (bfloat16 1.06 / 1.01 to 1.16, float16 1.02 / 1.01 to 1.22). Under 1 KiB:
  * bfloat16 262144x256 0.72 / 0.98, 174762x384 0.76 / 1.02, float16 0.97 / 1.00 and 1.07 / 0.96;
- * rows of 1 and 2 KiB either way (bfloat16 0.88 to 0.97, float16 1.04 to 1.06). */
+ * rows of 1 and 2 KiB either way (bfloat16 0.88 to 0.97, float16 1.04 to 1.06). Measured again
+ * later, each pair in both orders, page-aligned, one thread, rows of 1 to 1.75 KiB gained
+ * unfused (bfloat16 131072x512 0.88 and 0.89, 104857x640 0.87, 87381x768 0.90, 74898x896 0.95;
+ * float16 0.98 and 0.97, 0.91 and 0.93, 0.94 and 0.96, 0.94; two threads, 131072x512 0.98 either
+ * type) and rows of 2 KiB measured the same (65536x1024 0.98 and 1.01), so on Zen 4 the forward
+ * fuses its 16-bit rows from 2 KiB. */
 static size_t fuse_16_fwd_below = SIZE_MAX, fuse_16_fwd_min = 0;
 /* On Zen 4 the backward's 16-bit rows under fuse_16_bwd_min bytes go in two passes too. The same
  * build in one process with RMSNORM_FUSE_16 on and off, page-aligned, unfused over fused at one /
@@ -300,7 +305,7 @@ void rms_dispatch_init(void) {
     bwd_ahead_32 = zen5;
     fwd_near = fwd_ahead_32 = zen5;
     fuse_16_fwd_below = zen45 ? 65536 : SIZE_MAX;
-    fuse_16_fwd_min = zen45 ? 1024 : 0;
+    fuse_16_fwd_min = zen4 ? 2048 : zen5 ? 1024 : 0;
     fuse_16_fwd_one = zen5;
     fuse_16_bwd_min = zen4 ? 1024 : 0;
     early_h_32 = zen5 ? 16385 : 32768;
