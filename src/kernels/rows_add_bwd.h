@@ -420,7 +420,7 @@ __attribute__((noinline)) static void FN(add_rows_any)(const void *x, ptrdiff_t 
 /* The row loop of each option (RMS_VARIANTS3) */
 #define RMS_X(o, hw, bf, nt)                                                                       \
     RMS_VARIANT RMS_VFN(add_v, o)(RMS_ADD_ARGS) {                                                 \
-        RMS_KSW(RMS_KSW_ADD(bf), k,                                                            \
+        RMS_KSW(RMS_KSW_ADD(bf), k,                                                                \
                 FN(add_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w,        \
                              (C *)rstd, m, KK, eps, flags, hw, bf, nt));                           \
     }
@@ -753,7 +753,7 @@ static void FN(bwd_fused_rows)(RMS_BWD_ARGS) {
 #define RMS_X(o, hw, hg, nt)                                                                       \
     RMS_VARIANT RMS_VFN(bwd_v, o)(RMS_BWD_ARGS) {                                                 \
         if (RMS_BWD_HG(hg))                                                                        \
-            RMS_KSW(sizeof(T) == 2 && (!(hw) || (hg) == 1), k,                                  \
+            RMS_KSW(sizeof(T) == 2 && (!(hw) || (hg) == 1), k,                                     \
                     FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w,            \
                                  (const C *)rstd, (C *)dg, m, KK, flags, hw, hg, nt));             \
     }

@@ -49,7 +49,8 @@
     } while (0)
 /* the row reductions: sum x^2, sum round(x + r)^2, sum dy * x, sum dy * w * x (w in the
  * compute type, or in the storage type: RMS_DOTWS); with RMS_KPF or'ed in, the reduction also
- * prefetches its first row a into L2 as it reads it (FN(quad), FN(fwd_pf1)) */
+ * prefetches its first row a into L2 as it reads it (FN(quad), FN(fwd_pf1)); with RMS_KDG, a dot
+ * product also adds dy * xhat into the dgamma row dg (FN(factors), FN(bwd_dg1)) */
 enum { RMS_SQ, RMS_ADDSQ, RMS_DOT, RMS_DOTW, RMS_DOTWS, RMS_KPF = 8, RMS_KDG = 16 };
 #define RMS_KBITS (RMS_KPF | RMS_KDG)
 #ifndef RMS_PF1_AHEAD
@@ -1076,8 +1077,9 @@ static inline size_t FN(ahead)(size_t g, size_t k, const int pass, int flags) {
         k * sizeof(T) <= (pass == RMS_P_FWD ? 8192u : 4096u) && !FN(fwd_near)(k, pass, flags))
         return 0;
     size_t bytes = k * sizeof(T) * (pass == RMS_P_FWD ? 1 : 2);
-    size_t reach = FN(near)(k, pass, flags) && FN(bwd_near8)(pass, flags)            ? 8 * 1024
-                   : FN(near)(k, pass, flags)                                         ? 16 * 1024
+    const int near = FN(near)(k, pass, flags);
+    size_t reach = near && FN(bwd_near8)(pass, flags)                                  ? 8 * 1024
+                   : near                                                              ? 16 * 1024
                    : pass == RMS_P_BWD && sizeof(T) >= 4 && (flags & RMS_BWD_AHEAD_32) ? 32 * 1024
                                                                                    : 64 * 1024;
     size_t d = (reach + bytes - 1) / (bytes ? bytes : 1);
@@ -1399,7 +1401,7 @@ static void FN(fwd_rows)(const void *x, ptrdiff_t xs, void *y, ptrdiff_t ys, con
     }
     int opt = FN(opts)(w, flags, flags & RMS_STREAM);
 #define RMS_X(hw, bf, nt)                                                                          \
-    RMS_KSW(RMS_KSW_FWD(bf), k,                                                                \
+    RMS_KSW(RMS_KSW_FWD(bf), k,                                                                    \
             FN(fwd_loop)((const T *)x, xs, (T *)y, ys, w, (C *)rstd, m, KK, eps, flags, hw, bf,    \
                          nt))
     RMS_SWITCH3(opt, flags, RMS_X);
