@@ -3,8 +3,10 @@
 
 Every row times our call (fwd, bwd, fused add, or an adapter) interleaved with an in-process
 copy of the same bytes (the roofline: ``rmsnorm._core.copy`` / ``triad``) and with the peers:
-hand-written float32 NumPy, ``torch.nn.functional.rms_norm`` (CPU) and ``jax.jit`` of the plain
-``jnp`` formula, each when installed. The table (or Markdown) goes to stdout, a progress bar to
+hand-written float32 NumPy, ``torch.nn.functional.rms_norm`` (CPU), ``jax.jit`` of the plain
+``jnp`` formula, ONNX Runtime's SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization
+and oneDNN's layer normalization in its RMS mode, each when installed (``pip install
+"rmsnorm[peers]"`` brings the last two). The table (or Markdown) goes to stdout, a progress bar to
 stderr, and the rows to a CSV and, when matplotlib is installed, a PNG.
 """
 
@@ -83,8 +85,8 @@ ROOFLINE = {
     "jax.vg": ("copy", "triad"),
 }
 # Interleaving order of one repetition; "unfused" is np.add followed by rms_norm (op add).
-CONTENDERS = ("ours", "copy", "numpy", "torch", "jax", "unfused", "copy_pf")
-PEERS = ("numpy", "torch", "jax", "unfused")
+CONTENDERS = ("ours", "copy", "numpy", "torch", "jax", "ort", "onednn", "unfused", "copy_pf")
+PEERS = ("numpy", "torch", "jax", "ort", "onednn", "unfused")
 
 SLOW_PEER_S = 2.0  # a peer whose single call takes longer is marked "skip" for the shape
 SAMPLE_S = 0.005  # one timing sample loops a call until about this long (small shapes)
@@ -110,6 +112,9 @@ class Peers:
 
     torch: object = None
     jax: object = None
+    ort: object = None  # onnxruntime, with onnx to build its graphs
+    onnx: object = None
+    onednn: object = None  # rmsnorm._onednn with its library loaded
     torch_adapter: object = None
     jax_adapter: object = None
     notes: list = field(default_factory=list)
@@ -123,9 +128,14 @@ def _optional(name: str):
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def load_peers(want_torch: bool, want_jax: bool, want_adapters: bool) -> Peers:
-    """Import torch, jax and our adapters for them, as requested and available."""
+def load_peers(
+    want_torch: bool, want_jax: bool, want_adapters: bool, want_native: bool = False
+) -> Peers:
+    """Import torch, jax and our adapters for them, and with want_native ONNX Runtime and
+    oneDNN, as requested and available."""
     peers = Peers()
+    if want_native:
+        _load_native_peers(peers)
     if want_torch:
         peers.torch, why = _optional("torch")
         if peers.torch is None:
@@ -142,6 +152,29 @@ def load_peers(want_torch: bool, want_jax: bool, want_adapters: bool) -> Peers:
             if module is None:
                 peers.notes.append(f"rmsnorm.{name} adapter not importable ({why})")
     return peers
+
+
+def _load_native_peers(peers: Peers) -> None:
+    ort, why = _optional("onnxruntime")
+    onnx, why_onnx = _optional("onnx") if ort is not None else (None, "")
+    if ort is None or onnx is None:
+        peers.notes.append(f"ONNX Runtime not timed ({why or why_onnx})")
+    else:
+        peers.ort, peers.onnx = ort, onnx
+    try:
+        from rmsnorm import _onednn
+
+        _onednn.load()
+    except Exception as exc:  # noqa: BLE001 - a missing peer must not stop the run
+        peers.notes.append(f"oneDNN not timed ({type(exc).__name__}: {exc})")
+        return
+    try:
+        _onednn.RMSNorm(1, 16, np.float32, EPS).close()
+        peers.onednn = _onednn
+    except Exception as exc:  # noqa: BLE001 - as above
+        peers.notes.append(
+            f"oneDNN not timed: {_onednn.version()} has no RMS mode ({type(exc).__name__}: {exc})"
+        )
 
 
 def _first(result):
@@ -209,6 +242,167 @@ def jax_loss(jax, forward):
         return jnp.sum(forward(x, gamma).astype(jnp.float32) * dy.astype(jnp.float32))
 
     return loss
+
+
+# ONNX Runtime computes 16-bit rows in float32 (stash_type 1) as ours does; it has no CPU
+# kernels for bfloat16 here, nor a backward in its inference package.
+ORT_DTYPES = ("fp32", "fp16")
+
+
+def ort_model(onnx, op: str, dtype: np.dtype, k: int) -> bytes:
+    """A one-node ONNX graph over rows of k: SimplifiedLayerNormalization (y, inv_std_var) for
+    the forward, com.microsoft SkipSimplifiedLayerNormalization (y, inv_std_var, x + skip) for
+    the add, the fused kernels ONNX Runtime's transformer optimizer puts in LLaMA-style graphs."""
+    helper, proto = onnx.helper, onnx.TensorProto
+    elem = proto.FLOAT16 if dtype == np.float16 else proto.FLOAT
+    rows = helper.make_tensor_value_info("x", elem, [None, k])
+    inputs = [rows, helper.make_tensor_value_info("g", elem, [k])]
+    outputs = [
+        helper.make_tensor_value_info("y", elem, [None, k]),
+        helper.make_tensor_value_info("inv_std", proto.FLOAT, None),
+    ]
+    imports = [helper.make_opsetid("", 17)]
+    if op == "add":
+        inputs.insert(1, helper.make_tensor_value_info("r", elem, [None, k]))
+        outputs.append(helper.make_tensor_value_info("h", elem, [None, k]))
+        node = helper.make_node(
+            "SkipSimplifiedLayerNormalization",
+            ["x", "r", "g"],
+            ["y", "", "inv_std", "h"],
+            domain="com.microsoft",
+            epsilon=EPS,
+        )
+        imports.append(helper.make_opsetid("com.microsoft", 1))
+    else:
+        node = helper.make_node(
+            "SimplifiedLayerNormalization",
+            ["x", "g"],
+            ["y", "inv_std"],
+            axis=-1,
+            epsilon=EPS,
+            stash_type=1,
+        )
+    graph = helper.make_graph([node], "rms_norm", inputs, outputs)
+    return helper.make_model(graph, opset_imports=imports, ir_version=10).SerializeToString()
+
+
+class OrtGraph:
+    """One ONNX Runtime graph with a session per thread count (a session's intra-op pool is
+    fixed when it is made), its pool not spinning between calls, so that its idle threads do
+    not take the cores from the next contender."""
+
+    def __init__(self, ort, model: bytes):
+        self.ort, self.model, self.sessions = ort, model, {}
+
+    def session(self):
+        """The session for the thread count in use (rmsnorm.set_num_threads)."""
+        threads = rmsnorm.get_num_threads()
+        if threads not in self.sessions:
+            options = self.ort.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self.sessions[threads] = self.ort.InferenceSession(
+                self.model, options, providers=["CPUExecutionProvider"]
+            )
+        return self.sessions[threads]
+
+    def caller(self, inputs: dict, outputs: dict | None) -> Callable:
+        """A call on these NumPy inputs: into the preallocated outputs (IOBinding), or into
+        arrays ONNX Runtime allocates when outputs is None."""
+        bindings = {}
+
+        def run():
+            session = self.session()
+            if outputs is None:
+                return session.run(None, inputs)
+            binding = bindings.get(id(session))
+            if binding is None:
+                binding = bindings[id(session)] = session.io_binding()
+                for name, a in inputs.items():
+                    binding.bind_cpu_input(name, a)
+                for name, a in outputs.items():
+                    binding.bind_output(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+            session.run_with_iobinding(binding)
+            return [outputs[name] for name in outputs]
+
+        return run
+
+
+def ort_call(peers: Peers, op: str, w: "Workload", inputs: dict, alloc: bool, ours_y):
+    """ONNX Runtime's call for `op` on the workload's rows, or None where it has none, or
+    where its y disagrees with ours (then a note says so)."""
+    if peers.ort is None or _dtype_name(w.dtype) not in ORT_DTYPES:
+        return None
+    m = math.prod(w.shape[:-1])
+    rows = {name: a.reshape(m, w.k) if a.ndim > 1 else a for name, a in inputs.items()}
+    outputs = None
+    if not alloc:
+        outputs = {"y": aligned_empty((m, w.k), w.dtype), "inv_std": np.empty((m, 1), np.float32)}
+        if op == "add":
+            outputs["h"] = aligned_empty((m, w.k), w.dtype)
+    try:
+        call = OrtGraph(peers.ort, ort_model(peers.onnx, op, w.dtype, w.k)).caller(rows, outputs)
+        y = call()[0]
+    except Exception as exc:  # noqa: BLE001 - an unsupported case leaves the column empty
+        peers.notes.append(f"ONNX Runtime {op} {_dtype_name(w.dtype)}: {type(exc).__name__}")
+        return None
+    return call if _agrees(peers, "ONNX Runtime", op, w, y, ours_y) else None
+
+
+def onednn_call(peers: Peers, op: str, w: "Workload", extra: dict, alloc: bool, ours):
+    """oneDNN's layer normalization in RMS mode (forward with its statistic, or backward with
+    diff_scale) on the workload's rows, or None where it has none or its output disagrees with
+    ours. Its scale, diff_scale and statistic are float32, as its API takes them."""
+    if peers.onednn is None:
+        return None
+    m = math.prod(w.shape[:-1])
+    x, gamma = w.x.reshape(m, w.k), w.gamma.astype(np.float32)
+    var = np.empty(m, np.float32)
+    try:
+        prim = peers.onednn.RMSNorm(m, w.k, w.dtype, EPS, backward=op == "bwd")
+    except Exception as exc:  # noqa: BLE001 - an unsupported case leaves the column empty
+        peers.notes.append(f"oneDNN {op} {_dtype_name(w.dtype)}: {type(exc).__name__}")
+        return None
+    out = aligned_empty((m, w.k), w.dtype)
+
+    def fresh():
+        return np.empty((m, w.k), w.dtype) if alloc else out
+
+    if op == "fwd":
+
+        def call():
+            return prim.forward(x, gamma, fresh(), var)
+
+    else:
+        dy, dgamma = extra["dy"].reshape(m, w.k), np.empty(w.k, np.float32)
+        prim.forward(x, gamma, aligned_empty((m, w.k), w.dtype), var)
+
+        def call():
+            return prim.backward(dy, x, gamma, var, fresh(), dgamma)[0]
+
+    call.primitive = prim  # kept alive with the call
+    return call if _agrees(peers, "oneDNN", op, w, call(), ours) else None
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return next(name for name, d in DTYPES.items() if d == dtype)
+
+
+def _agrees(peers: Peers, who: str, op: str, w: "Workload", theirs, ours) -> bool:
+    """Whether a peer's output matches ours to a few units in the last place of x's dtype (and
+    1e-5, as a peer that sums in float32 rounds more): a check that the two compute the same
+    function, so that their times compare."""
+    theirs = np.asarray(theirs, np.float64).reshape(-1)
+    ours = np.asarray(ours, np.float64).reshape(-1)
+    tol = max(8 * float(ml_dtypes.finfo(w.dtype).eps), 1e-5)
+    scale = tol * (np.abs(ours) + 1e-3)
+    worst = float(np.max(np.abs(theirs - ours) / scale, initial=0.0))
+    if not worst <= 1.0:  # NaN too
+        peers.notes.append(
+            f"{who} {op} {_dtype_name(w.dtype)} left out: its output differs from ours by "
+            f"{worst:.3g}x the tolerance"
+        )
+    return worst <= 1.0
 
 
 # --------------------------------------------------------------------------- workloads
@@ -333,7 +527,21 @@ def _fwd(w: Workload, peers: Peers, alloc: bool) -> dict:
         jax = peers.jax
         f, xj, gj = jax.jit(jax_formula(jax)), jax.numpy.asarray(x), jax.numpy.asarray(g)
         calls["jax"] = lambda: f(xj, gj).block_until_ready()
+    if peers.ort is not None or peers.onednn is not None:
+        ours_y = rmsnorm.rms_norm(x, g, EPS)[0]
+        _add_native(
+            calls,
+            ort_call(peers, "fwd", w, {"x": x, "g": g}, alloc, ours_y),
+            onednn_call(peers, "fwd", w, {}, alloc, ours_y),
+        )
     return calls
+
+
+def _add_native(calls: dict, ort, onednn) -> None:
+    """ONNX Runtime's and oneDNN's calls, where they have one."""
+    for name, call in (("ort", ort), ("onednn", onednn)):
+        if call is not None:
+            calls[name] = call
 
 
 def _bwd(w: Workload, peers: Peers, alloc: bool) -> dict:
@@ -357,6 +565,9 @@ def _bwd(w: Workload, peers: Peers, alloc: bool) -> dict:
         f = jax.jit(lambda dy, x, g: jax.vjp(fwd, x, g)[1](dy))
         dyj, xj, gj = (jax.numpy.asarray(a) for a in (dy, x, g))
         calls["jax"] = lambda: jax.block_until_ready(f(dyj, xj, gj))
+    if peers.onednn is not None:
+        ours_dx = rmsnorm.rms_norm_backward(dy, x, g, rstd)[0]
+        _add_native(calls, None, onednn_call(peers, "bwd", w, {"dy": dy}, alloc, ours_dx))
     return calls
 
 
@@ -393,6 +604,10 @@ def _add(w: Workload, peers: Peers, alloc: bool) -> dict:
         f = jax.jit(add_then_norm)
         xj, rj, gj = (jax.numpy.asarray(a) for a in (x, r, g))
         calls["jax"] = lambda: jax.block_until_ready(f(xj, rj, gj))
+    if peers.ort is not None:
+        ours_y = rmsnorm.add_rms_norm(x, r, g, EPS)[0]
+        inputs = {"x": x, "r": r, "g": g}
+        _add_native(calls, ort_call(peers, "add", w, inputs, alloc, ours_y), None)
     return calls
 
 
@@ -707,8 +922,10 @@ def run_group(group: Group, workload: Workload, peers: Peers, args, known_slow: 
     for threads, isa in group.variants:
         if peers.torch is not None:
             peers.torch.set_num_threads(threads)
-        active = {
-            name: fn for name, fn in calls.items() if not (name == "jax" and threads != all_cores)
+        active = {  # the pools of XLA and oneDNN's runtime take every core
+            name: fn
+            for name, fn in calls.items()
+            if not (name in ("jax", "onednn") and threads != all_cores)
         }
         row = Row(group.op, group.shape, group.dtype, isa, threads)
         try:
@@ -765,6 +982,8 @@ COLUMNS = [
     ("numpy_x", 7),
     ("torch_x", 7),
     ("jax_x", 6),
+    ("ort_x", 6),
+    ("onednn_x", 8),
     ("unfused_x", 9),
     ("note", 0),
 ]
@@ -799,6 +1018,8 @@ def row_cells(row: Row) -> list:
         _number(row.ratio("numpy")),
         _number(row.ratio("torch")),
         _number(row.ratio("jax")),
+        _number(row.ratio("ort")),
+        _number(row.ratio("onednn")),
         _number(row.ratio("unfused")),
         row.note,
     ]
@@ -838,16 +1059,8 @@ CSV_FIELDS = [
     "us_per_call",
     "gbps",
     "t_over_copy",
-    "speedup_numpy",
-    "speedup_torch",
-    "speedup_jax",
-    "speedup_unfused",
-    "ms_copy",
-    "ms_numpy",
-    "ms_torch",
-    "ms_jax",
-    "ms_unfused",
-    "ms_copy_pf",
+    *(f"speedup_{peer}" for peer in PEERS),
+    *(f"ms_{name}" for name in CONTENDERS[1:]),
     "bytes_moved",
     "reps",
     "note",
@@ -1032,7 +1245,8 @@ def header_lines(args, peers: Peers) -> list:
         (
             f"versions: python {platform.python_version()}, rmsnorm {version('rmsnorm')}, "
             f"numpy {np.__version__}, ml_dtypes {version('ml_dtypes')}, "
-            f"torch {version('torch')}, jax {version('jax')}"
+            f"torch {version('torch')}, jax {version('jax')}, "
+            f"onnxruntime {version('onnxruntime')}, oneDNN {_onednn_version(peers)}"
         ),
         (
             f"ISAs available: {', '.join(rmsnorm.available_isas())} (policy --isa {args.isa}); "
@@ -1050,16 +1264,26 @@ def header_lines(args, peers: Peers) -> list:
             "roofline"
         ),
         (
-            "numpy_x, torch_x, jax_x = peer time / our time (speed-up; bwd = backward only); "
-            "unfused_x = (np.add + rms_norm) / add_rms_norm"
+            "numpy_x, torch_x, jax_x, ort_x (ONNX Runtime), onednn_x = peer time / our time "
+            "(speed-up; bwd = backward only); unfused_x = (np.add + rms_norm) / add_rms_norm"
         ),
         (
-            f"JAX: timed only at all cores ({all_cores} threads: XLA's CPU pool can't be resized "
-            f"in-process); peers slower than {SLOW_PEER_S:g} s/call are 'skip'; "
+            f"JAX and oneDNN: timed only at all cores ({all_cores} threads: XLA's CPU pool and "
+            "oneDNN's runtime can't be resized in-process); ONNX Runtime: a session per thread "
+            f"count, not spinning; peers slower than {SLOW_PEER_S:g} s/call are 'skip'; "
             "us/call = timeit best for small calls"
         ),
     ]
     return lines + [f"note: {note}" for note in peers.notes]
+
+
+def _onednn_version(peers: Peers) -> str:
+    if peers.onednn is None:
+        return "not loaded"
+    try:
+        return peers.onednn.version()
+    except Exception:  # noqa: BLE001 - the version is only shown
+        return "?"
 
 
 def _shape_arg(text: str) -> tuple:
@@ -1123,7 +1347,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--no-peers",
         action="store_true",
-        help="time only ours and the roofline (no numpy/torch/jax)",
+        help="time only ours and the roofline (no numpy/torch/jax/ONNX Runtime/oneDNN)",
     )
     parser.add_argument(
         "--alloc",
@@ -1184,6 +1408,7 @@ def main(argv=None) -> int:
         not args.no_peers or "torch" in wants,
         not args.no_peers or "jax" in wants,
         want_adapters=bool(wants & {"torch", "jax"}),
+        want_native=not args.no_peers,
     )
     if args.reuse_buffers:
         adapter, why = _optional("rmsnorm.jax")
@@ -1194,6 +1419,7 @@ def main(argv=None) -> int:
     plan = make_plan(args, peers)
     for line in header_lines(args, peers):
         print(("- " if args.markdown else "# ") + line)
+    noted = len(peers.notes)
     progress = Progress(sum(len(g.variants) for g in plan), enabled=not args.no_progress)
     if not args.markdown:
         progress.write(text_line([name for name, _ in COLUMNS]))
@@ -1206,6 +1432,8 @@ def main(argv=None) -> int:
         rows = run_plan(plan, peers, args, emit, progress)
     finally:
         progress.close()
+    for note in dict.fromkeys(peers.notes[noted:]):  # what the peers could not do, once each
+        print(("- " if args.markdown else "# ") + f"note: {note}")
     if args.markdown:
         print()
         print(markdown_table(rows))
