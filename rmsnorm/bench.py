@@ -344,7 +344,7 @@ def ort_call(peers: Peers, op: str, w: "Workload", inputs: dict, alloc: bool, ou
         call = OrtGraph(peers.ort, ort_model(peers.onnx, op, w.dtype, w.k)).caller(rows, outputs)
         y = call()[0]
     except Exception as exc:  # noqa: BLE001 - an unsupported case leaves the column empty
-        peers.notes.append(f"ONNX Runtime {op} {_dtype_name(w.dtype)}: {type(exc).__name__}")
+        peers.notes.append(f"ONNX Runtime {op} {_dtype_name(w.dtype)}: {_why(exc)}")
         return None
     return call if _agrees(peers, "ONNX Runtime", op, w, y, ours_y) else None
 
@@ -361,7 +361,7 @@ def onednn_call(peers: Peers, op: str, w: "Workload", extra: dict, alloc: bool, 
     try:
         prim = peers.onednn.RMSNorm(m, w.k, w.dtype, EPS, backward=op == "bwd")
     except Exception as exc:  # noqa: BLE001 - an unsupported case leaves the column empty
-        peers.notes.append(f"oneDNN {op} {_dtype_name(w.dtype)}: {type(exc).__name__}")
+        peers.notes.append(f"oneDNN {op} {_dtype_name(w.dtype)}: {_why(exc)}")
         return None
     out = aligned_empty((m, w.k), w.dtype)
 
@@ -382,6 +382,12 @@ def onednn_call(peers: Peers, op: str, w: "Workload", extra: dict, alloc: bool, 
 
     call.primitive = prim  # kept alive with the call
     return call if _agrees(peers, "oneDNN", op, w, call(), ours) else None
+
+
+def _why(exc: Exception) -> str:
+    """An exception as one short line for a note."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
 
 
 def _dtype_name(dtype: np.dtype) -> str:
