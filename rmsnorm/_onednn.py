@@ -214,9 +214,6 @@ class RMSNorm:
             raise TypeError(f"dtype must be float32, bfloat16 or float16, got {self.dtype}")
         self.eps = float(eps)
         self.has_backward = bool(backward)
-        self._shape2 = (self.m, self.k)
-        self._shape_k = (self.k,)
-        self._shape_m = (self.m,)
         L = self._lib
 
         engine = ctypes.c_void_p()
@@ -238,42 +235,33 @@ class RMSNorm:
             "dnnl_layer_normalization_forward_primitive_desc_create",
             engine, _FORWARD_TRAINING, data_md, data_md, stat_md, self.eps, flags, None,
         )
-        self._fwd = self._primitive(fwd_pd)
-        # Memory objects without a buffer; each call points them at the caller's arrays.
-        self._src = self._memory(data_md)
-        self._dst = self._memory(data_md)
-        self._scale = self._memory(scale_md)
-        self._var = self._memory(stat_md)
-        self._fwd_args = self._args(
-            (_ARG_SRC, self._src),
-            (_ARG_SCALE, self._scale),
-            (_ARG_DST, self._dst),
-            (_ARG_VARIANCE, self._var),
+        # (execution argument, descriptor, dtype, shape, name) of each array, in call order
+        data = (data_md, self.dtype, (self.m, self.k))
+        scale = (scale_md, _NP_F32, (self.k,))
+        stat = (stat_md, _NP_F32, (self.m,))
+        self._fwd = self._executable(
+            fwd_pd,
+            (_ARG_SRC, *data, "x"),
+            (_ARG_SCALE, *scale, "gamma"),
+            (_ARG_DST, *data, "y"),
+            (_ARG_VARIANCE, *stat, "var"),
         )
-        self._fwd_ptrs = [None] * 4  # src, scale, dst, var: handles last set
-
+        self._bwd = None
         if self.has_backward:
             bwd_pd = self._pd(
                 "dnnl_layer_normalization_backward_primitive_desc_create",
                 engine, _BACKWARD, data_md, data_md, data_md, stat_md, self.eps, flags,
                 fwd_pd, None,
             )
-            self._bwd = self._primitive(bwd_pd)
-            self._bsrc = self._memory(data_md)
-            self._bscale = self._memory(scale_md)
-            self._bvar = self._memory(stat_md)
-            self._diff_dst = self._memory(data_md)
-            self._diff_src = self._memory(data_md)
-            self._diff_scale = self._memory(scale_md)
-            self._bwd_args = self._args(
-                (_ARG_SRC, self._bsrc),
-                (_ARG_SCALE, self._bscale),
-                (_ARG_VARIANCE, self._bvar),
-                (_ARG_DIFF_DST, self._diff_dst),
-                (_ARG_DIFF_SRC, self._diff_src),
-                (_ARG_DIFF_SCALE, self._diff_scale),
+            self._bwd = self._executable(
+                bwd_pd,
+                (_ARG_DIFF_DST, *data, "dy"),
+                (_ARG_SRC, *data, "x"),
+                (_ARG_SCALE, *scale, "gamma"),
+                (_ARG_VARIANCE, *stat, "var"),
+                (_ARG_DIFF_SRC, *data, "dx"),
+                (_ARG_DIFF_SCALE, *scale, "dgamma"),
             )
-            self._bwd_ptrs = [None] * 6
 
     # -- construction helpers (each records what it creates for close()) ----------------------
 
@@ -316,45 +304,45 @@ class RMSNorm:
         self._mems.append(mem)
         return mem
 
-    @staticmethod
-    def _args(*pairs):
-        args = (_ExecArg * len(pairs))()
-        for slot, (arg, mem) in zip(args, pairs):
-            slot.arg = arg
-            slot.memory = mem.value
-        return args
+    def _executable(self, pd, *specs):
+        """The primitive of ``pd`` with a memory object, without a buffer, for each array of
+        ``specs`` ((argument, descriptor, dtype, shape, name) in call order): a list of the
+        primitive, its execution arguments, the memories, the specs and the data handles last
+        set (each call points the memories at the caller's arrays, see :meth:`_execute`)."""
+        prim = self._primitive(pd)
+        mems = [self._memory(md) for _, md, _, _, _ in specs]
+        args = (_ExecArg * len(specs))()
+        for slot, (arg, *_), mem in zip(args, specs, mems):
+            slot.arg, slot.memory = arg, mem.value
+        return [prim, args, mems, specs, [None] * len(specs)]
 
     # -- execution ------------------------------------------------------------------------------
 
-    def _bind(self, ptrs, slot, mem, a, dtype, shape, name):
-        """Point ``mem`` at ``a``'s data after checking it; skip the call if it is unchanged."""
-        if a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous:
-            raise ValueError(
-                f"{name} must be a C-contiguous {dtype} array of shape {shape}, "
-                f"got {a.dtype} {a.shape}"
-            )
-        ptr = a.ctypes.data
-        if ptrs[slot] != ptr:
-            ptrs[slot] = None
-            _check(self._lib.dnnl_memory_set_data_handle(mem, ptr), "dnnl_memory_set_data_handle")
-            ptrs[slot] = ptr
-
-    def _run(self, prim, args):
+    def _execute(self, exe, arrays):
+        """Run an :meth:`_executable` on ``arrays``, each checked against its spec; a memory's
+        data handle is set only when its array's address changed."""
+        if self._stream is None:
+            raise RuntimeError("RMSNorm is closed")
+        prim, args, mems, specs, ptrs = exe
         L = self._lib
+        for i, (a, mem, (_, _, dtype, shape, name)) in enumerate(zip(arrays, mems, specs)):
+            if a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous:
+                raise ValueError(
+                    f"{name} must be a C-contiguous {dtype} array of shape {shape}, "
+                    f"got {a.dtype} {a.shape}"
+                )
+            ptr = a.ctypes.data
+            if ptrs[i] != ptr:
+                ptrs[i] = None
+                _check(L.dnnl_memory_set_data_handle(mem, ptr), "dnnl_memory_set_data_handle")
+                ptrs[i] = ptr
         _check(L.dnnl_primitive_execute(prim, self._stream, len(args), args),
                "dnnl_primitive_execute")
         _check(L.dnnl_stream_wait(self._stream), "dnnl_stream_wait")
 
     def forward(self, x, gamma, y, var):
         """y = x / sqrt(mean(x**2) + eps) * gamma, row-wise; var[i] = mean(x[i]**2). Returns y."""
-        if self._stream is None:
-            raise RuntimeError("RMSNorm is closed")
-        p, f32 = self._fwd_ptrs, _NP_F32
-        self._bind(p, 0, self._src, x, self.dtype, self._shape2, "x")
-        self._bind(p, 1, self._scale, gamma, f32, self._shape_k, "gamma")
-        self._bind(p, 2, self._dst, y, self.dtype, self._shape2, "y")
-        self._bind(p, 3, self._var, var, f32, self._shape_m, "var")
-        self._run(self._fwd, self._fwd_args)
+        self._execute(self._fwd, (x, gamma, y, var))
         return y
 
     def backward(self, dy, x, gamma, var, dx, dgamma):
@@ -362,18 +350,9 @@ class RMSNorm:
 
         ``dgamma`` is overwritten (not accumulated) with ``sum_rows(dy * x * rstd)``.
         """
-        if not self.has_backward:
+        if self._bwd is None:
             raise RuntimeError("RMSNorm was constructed without backward=True")
-        if self._stream is None:
-            raise RuntimeError("RMSNorm is closed")
-        p, f32 = self._bwd_ptrs, _NP_F32
-        self._bind(p, 0, self._bsrc, x, self.dtype, self._shape2, "x")
-        self._bind(p, 1, self._bscale, gamma, f32, self._shape_k, "gamma")
-        self._bind(p, 2, self._bvar, var, f32, self._shape_m, "var")
-        self._bind(p, 3, self._diff_dst, dy, self.dtype, self._shape2, "dy")
-        self._bind(p, 4, self._diff_src, dx, self.dtype, self._shape2, "dx")
-        self._bind(p, 5, self._diff_scale, dgamma, f32, self._shape_k, "dgamma")
-        self._run(self._bwd, self._bwd_args)
+        self._execute(self._bwd, (dy, x, gamma, var, dx, dgamma))
         return dx, dgamma
 
     # -- teardown -------------------------------------------------------------------------------
