@@ -989,12 +989,7 @@ COLUMNS = [
     ("us/call", 7),
     ("GB/s", 6),
     ("t/copy", 6),
-    ("numpy_x", 7),
-    ("torch_x", 7),
-    ("jax_x", 6),
-    ("ort_x", 6),
-    ("onednn_x", 8),
-    ("unfused_x", 9),
+    *((f"{peer}_x", max(len(peer) + 2, 6)) for peer in PEERS),  # speed-ups, PEERS order
     ("note", 0),
 ]
 
@@ -1025,12 +1020,7 @@ def row_cells(row: Row) -> list:
         _number(row.us_per_call),
         _number(row.gbps, 1),
         _number(row.over_copy),
-        _number(row.ratio("numpy")),
-        _number(row.ratio("torch")),
-        _number(row.ratio("jax")),
-        _number(row.ratio("ort")),
-        _number(row.ratio("onednn")),
-        _number(row.ratio("unfused")),
+        *(_number(row.ratio(peer)) for peer in PEERS),
         row.note,
     ]
 
