@@ -1,18 +1,17 @@
-/* Threading for every kernel. The m x k elements are cut into one contiguous range per
- * thread, whatever the shape: a thread gets whole rows plus at most a partial row at each end.
- * Whole rows are finished at once; partial rows publish their partial sums, and after one
- * barrier every thread sharing a row combines them in the same fixed order, so a long row
- * (1 x 1M, 29 x 17389) and many short rows (1M x 64) both spread evenly. Tiny inputs run on
- * the calling thread with no team at all. */
+/* Threading for every kernel. Rows are split across a team: many rows by whole rows, a few long
+ * rows by a flattened split of the m x k elements (a member gets whole rows plus at most a
+ * partial row at each end), whose partial sums every sharer of a row combines in the same
+ * fixed order after a barrier. The backward's dgamma is summed over fixed blocks of rows
+ * ("leaves", chosen from m alone) and the leaves' sums are combined along a fixed binary tree,
+ * so dgamma has the same bits whatever the team. Tiny inputs run on the calling thread. */
 #include "driver.h"
-#include "dispatch.h"
 
+#include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <unistd.h>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -25,70 +24,63 @@
 #endif
 
 #define RMS_MAX_THREADS 256
-#define RMS_MIN_PER_THREAD (16 * 1024) /* elements: below this a thread costs more than it saves */
 #define RMS_NONE ((size_t)-1)
+#define AT(p, row, stride, col, es)                                                        \
+    ((char *)(p) + ((ptrdiff_t)(row) * (stride) + (ptrdiff_t)(col)) * (ptrdiff_t)(es))
 
-static int n_threads = 1;
+static int n_threads = 1, last_team = 1;
+/* Elements below which a thread costs more than it saves. */
+static size_t min_per_thread = 16 * 1024;
 static size_t stream_bytes = (size_t)32 << 20, l3 = 0;
+static char env_warning[256];
 
 size_t rms_esize(int dtype) { return dtype == RMS_F64 ? 8 : dtype == RMS_F32 ? 4 : 2; }
 static size_t csize(int dtype) { return dtype == RMS_F64 ? 8 : 4; }
+static int compute_dtype(int dtype) { return dtype == RMS_F64 ? RMS_F64 : RMS_F32; }
 
-/* Bytes per weight: x's storage type with RMS_W_STORAGE, else the compute type. */
-static size_t wsize(int dtype, int flags) {
-    return (flags & RMS_W_STORAGE) ? rms_esize(dtype) : csize(dtype);
+/* ---------------------------------------------------------------- settings */
+
+static void warn_env(const char *name, const char *value) {
+    size_t n = strlen(env_warning);
+    snprintf(env_warning + n, sizeof env_warning - n, "%s%s=%.40s is not a whole number >= %s; "
+             "ignored", n ? "; " : "", name, value, strcmp(name, "RMSNORM_NUM_THREADS") ? "0" : "1");
 }
 
-static int env_threads(const char *name) {
+/* The variable's whole number, or -1 when unset (or malformed: then warned when `ours`). */
+static long long env_number(const char *name, int ours, long long min) {
     const char *s = getenv(name);
     if (!s || !*s)
-        return 0;
+        return -1;
     char *end;
-    long v = strtol(s, &end, 10); /* OMP_NUM_THREADS may be a list "8,4": take the first */
-    return (end != s && v > 0) ? (int)(v < RMS_MAX_THREADS ? v : RMS_MAX_THREADS) : 0;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!ours) /* OMP_NUM_THREADS may be a list "8,4": take the first */
+        return end != s && v >= min && errno == 0 ? v : -1;
+    while (*end == ' ' || *end == '\n')
+        end++;
+    if (end == s || *end || v < min || errno) {
+        warn_env(name, s);
+        return -1;
+    }
+    return v;
 }
 
-/* Row pieces of this many bytes or more run their second pass backwards (see back_start). */
-static size_t back_bytes = (size_t)1 << 20;
-
-/* The add's streamed rows of this many bytes or more (32- and 64-bit: rms_cpu_early_h_bytes, 32
- * KiB, or over 16 KiB on Zen 5; 16-bit: every row) store h in their first pass (RMS_EARLY_H),
- * where it streams out beside the reads of x and r, and y alone in the second, rather than h and y
- * both in the second: 32- and 64-bit rows not fused across rows, and whose h is not x or r
- * (FN(add_early)); 16-bit rows that are staged and not pipelined, 1 KiB or more (FN(stage_row_h)).
- * The choice on and off alternating in one process, new time over old at one / two threads, 2-core
- * AMD EPYC Zen 5 VM: float32 4096x12288 0.91 / 0.91-0.92, 8192x8192 0.93-0.94 / 0.92-0.96,
- * 1024x32768 0.93 / 0.92, 2048x16384 0.95 / 0.97, 256x65536 0.95 / 1.02; float64 8192x4096 0.93 /
- * 0.95; shorter float32 rows lost (16384x4096 1.04 / 1.02, 65536x1024 1.07 / 1.03, 262144x256 1.14
- * / 1.04); bfloat16 131072x512 0.85 / 0.94, 65536x1024 0.93 / 0.92, 16384x4096 0.92 / 0.91,
- * 8192x8192 0.95 / 0.92, 4096x12288 0.92-0.94 / 0.91, 1024x32768 0.95 / 0.86; float16 131072x512
- * 0.83 / 0.92, 65536x1024 0.85 / 0.92, 8192x8192 0.93 / 0.89, 2048x16384 0.99 / 0.95. 16-core
- * Xeon, 1 / 4 / 16 threads: float32 32768x8192 1.01 / 0.99 / 0.99, 8192x32768 0.97 / 0.99 / 1.01;
- * bfloat16 32768x8192 0.94 / 0.93 / 0.96, 524288x512 0.96 / 0.95 / 0.97; float16 8192x32768 0.91 /
- * 0.92 / 0.97. For rows of 20 to 28 KiB see rms_cpu_early_h_bytes. */
-static size_t early_h_bytes = 32768, early_h_bytes_16 = 0;
-
-/* The L3 cache that CPU 0 shares with its neighbours, in bytes (0 if unknown). Linux lists it in
- * sysfs from the CPU's cache topology; glibc's sysconf can report a virtual machine's host instead
- * (384 MiB on a 2-core AMD EPYC Zen 5 VM whose cores share a 32 MiB L3). There, outputs of 16 to
- * 32 MiB, which do not fit in the L3 beside their inputs, took plain stores; streamed, the two
- * builds alternating in one process, new time over old at one / two threads: float32 forward
- * 4096x1024 0.56 / 0.94, backward 0.98 / 0.85; bfloat16 forward 2048x4096 0.55 / 0.65, backward
- * 1024x12288 0.48 / 0.60; the add, whose two outputs already streamed, 0.99 / 1.00. */
-static size_t l3_bytes(void) {
+/* The size of the cache of `level` that CPU 0 has, in bytes (0 if unknown). Linux lists it in
+ * sysfs from the CPU's cache topology; glibc's sysconf can report a virtual machine's host. */
+static size_t cache_bytes(int level) {
 #if defined(__linux__)
     for (int i = 0; i < 16; i++) {
         char path[64];
-        int level = 0;
+        int lv = 0;
         unsigned long long v = 0;
         char unit = 0;
         snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
         FILE *f = fopen(path, "r");
         if (!f)
             break;
-        int ok = fscanf(f, "%d", &level) == 1;
+        int ok = fscanf(f, "%d", &lv) == 1;
         fclose(f);
-        if (!ok || level != 3)
+        if (!ok || lv != level)
             continue;
         snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
         if (!(f = fopen(path, "r")))
@@ -102,56 +94,36 @@ static size_t l3_bytes(void) {
             return (size_t)v << shift;
     }
 #endif
-#if defined(_SC_LEVEL3_CACHE_SIZE)
-    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return llc > 0 ? (size_t)llc : 0;
-#else
+    (void)level;
     return 0;
-#endif
 }
 
 void rms_threads_init(void) {
-    int n = env_threads("RMSNORM_NUM_THREADS");
-    if (!n)
-        n = env_threads("OMP_NUM_THREADS");
+    long long n = env_number("RMSNORM_NUM_THREADS", 1, 1);
+    if (n < 0)
+        n = env_number("OMP_NUM_THREADS", 0, 1);
 #if defined(_OPENMP)
-    if (!n)
+    if (n < 0)
         n = omp_get_num_procs(); /* honours the affinity mask */
 #endif
-    rms_threads_set(n > 0 ? n : 1);
-    /* Outputs larger than about half the last-level cache bypass it. */
-    size_t llc = l3 = l3_bytes();
+    rms_threads_set(n > 0 ? (n < RMS_MAX_THREADS ? (int)n : RMS_MAX_THREADS) : 1);
+    /* Outputs that do not fit in about half the last-level cache beside their inputs bypass
+     * it; a machine whose sysfs lists no L3 uses its L2 (measured in benchmarks/NOTES.md). */
+    l3 = cache_bytes(3);
+    size_t llc = l3 ? l3 : cache_bytes(2);
     if (llc > 0 && llc / 2 < stream_bytes)
         stream_bytes = llc / 2;
-    const char *s = getenv("RMSNORM_STREAM_BYTES"); /* tuning knob: 0 streams everything */
-    if (s && *s)
-        stream_bytes = (size_t)strtoull(s, NULL, 10);
-    s = getenv("RMSNORM_BACK_BYTES"); /* tuning knob: a huge value turns it off */
-    if (s && *s)
-        back_bytes = (size_t)strtoull(s, NULL, 10);
-    early_h_bytes = rms_cpu_early_h_bytes();
-    s = getenv("RMSNORM_EARLY_H_BYTES"); /* tuning knob: 0 for every row, a huge value for none */
-    if (s && *s)
-        early_h_bytes = early_h_bytes_16 = (size_t)strtoull(s, NULL, 10);
+    long long s = env_number("RMSNORM_STREAM_BYTES", 1, 0);
+    if (s >= 0)
+        stream_bytes = (size_t)s;
 }
+
+const char *rms_env_warning(void) { return env_warning[0] ? env_warning : NULL; }
 
 size_t rms_stream_bytes(size_t *l3_out) {
     if (l3_out)
         *l3_out = l3;
-    return stream_bytes;
-}
-
-void rms_advise_huge(void *p, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const uintptr_t huge = (uintptr_t)2 << 20;
-    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1);
-    uintptr_t hi = ((uintptr_t)p + bytes) & ~(huge - 1);
-    if (hi > lo)
-        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-#else
-    (void)p;
-    (void)bytes;
-#endif
+    return __atomic_load_n(&stream_bytes, __ATOMIC_RELAXED);
 }
 
 int rms_threads_get(void) { return __atomic_load_n(&n_threads, __ATOMIC_RELAXED); }
@@ -169,17 +141,49 @@ int rms_have_openmp(void) {
 #endif
 }
 
-static int team_size(size_t elements, int nthreads) {
+int rms_last_team_size(void) { return __atomic_load_n(&last_team, __ATOMIC_RELAXED); }
+
+size_t rms_set_min_per_thread(size_t n) {
+    return __atomic_exchange_n(&min_per_thread, n, __ATOMIC_RELAXED);
+}
+
+size_t rms_set_stream_bytes(size_t n) {
+    return __atomic_exchange_n(&stream_bytes, n, __ATOMIC_RELAXED);
+}
+
+void rms_advise_huge(void *p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    uintptr_t hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+/* ---------------------------------------------------------------- teams */
+
+/* Members to ask for: nthreads (at most the pool's size), fewer when there is too little work
+ * (`elements`), and at most `most`. */
+static int team_size(size_t elements, int nthreads, const rms_pool *pool, size_t most) {
 #if defined(_OPENMP)
-    size_t useful = elements / RMS_MIN_PER_THREAD;
+    (void)pool;
+#else
+    if (!pool)
+        return 1;
+#endif
+    if (pool && pool->nthreads < nthreads)
+        nthreads = pool->nthreads;
+    size_t mpt = __atomic_load_n(&min_per_thread, __ATOMIC_RELAXED);
+    size_t useful = mpt ? elements / mpt : elements;
+    if (useful > most)
+        useful = most;
     if (useful < (size_t)nthreads)
         nthreads = useful > 1 ? (int)useful : 1;
     return nthreads;
-#else
-    (void)elements;
-    (void)nthreads;
-    return 1;
-#endif
 }
 
 static int thread_id(void) {
@@ -208,78 +212,22 @@ static inline void rms_relax(void) {
 #endif
 }
 
-/* [*lo, *hi): thread t's contiguous share of n items, boundaries rounded down to multiples of
- * `align` (a power of two) so that threads stay off each other's cache lines. */
+/* [*lo, *hi): member t's contiguous share of n items, boundaries rounded down to multiples of
+ * `align` (a power of two) so that members stay off each other's cache lines. */
 static void chunk(size_t n, int t, int nt, size_t align, size_t *lo, size_t *hi) {
     *lo = (size_t)((unsigned __int128)n * (unsigned)t / (unsigned)nt) & ~(align - 1);
     *hi = t + 1 == nt ? n : (size_t)((unsigned __int128)n * (unsigned)(t + 1) / (unsigned)nt) &
                                 ~(align - 1);
 }
 
-/* Thread t's share of the flattened m*k elements: full rows [r0, r1) and up to two partial
- * rows (head: the end of the row before r0, tail: the start of row r1). */
-typedef struct {
-    size_t row, c0, c1;
-    double s, r; /* the piece's sum; the row's rstd (fwd_phase, rstd_apart) */
-} piece;
-
-typedef struct {
-    size_t r0, r1;
-    piece p[2];
-} share;
-
-static share split(size_t total, size_t k, int t, int nt) {
-    size_t e0, e1;
-    chunk(total, t, nt, 16, &e0, &e1);
-    share s = {0, 0, {{RMS_NONE, 0, 0, 0.0, 0.0}, {RMS_NONE, 0, 0, 0.0, 0.0}}};
-    if (e0 >= e1)
-        return s;
-    size_t row = e0 / k, col = e0 % k;
-    if (col) {
-        size_t end = e1 - row * k < k ? e1 - row * k : k;
-        s.p[0] = (piece){row, col, end, 0.0, 0.0};
-        e0 = row * k + end;
-        row++;
-    }
-    s.r0 = s.r1 = row;
-    if (e0 < e1) {
-        s.r1 = e1 / k;
-        if (e1 % k)
-            s.p[1] = (piece){s.r1, 0, e1 % k, 0.0, 0.0};
-    }
-    return s;
-}
-
-/* Whether share s is a single piece, which its first pass read last (see back_start). */
-static int one_piece(const share *s) {
-    return s->r1 == s->r0 && (s->p[0].row == RMS_NONE) != (s->p[1].row == RMS_NONE);
-}
-
-/* Sum of the partial results for `row`, always in thread order so every sharer agrees. */
-static double row_sum(const share *sh, int nt, size_t row) {
-    double s = 0.0;
-    for (int t = 0; t < nt; t++)
-        for (int j = 0; j < 2; j++)
-            if (sh[t].p[j].row == row)
-                s += sh[t].p[j].s;
-    return s;
-}
-
-/* ---------------------------------------------------------------- teams
- * A team runs phase_fn(job, t, nt, phase) for every member t < nt, phase by phase: every
- * member finishes a phase before any starts the next. On OpenMP the team is one parallel
- * region with a barrier between phases. On a caller's pool (rms_pool) each phase is a
- * fork-join: the members are claimed one at a time by whichever thread comes first, the caller
- * included, so the work finishes even when the pool runs nothing in parallel. */
+/* A team runs fn(job, t, nt, phase) for every member t < nt, phase by phase: every member
+ * finishes a phase before any starts the next, and a phase that skip(job, nt, phase) declines
+ * (every member gets the same answer) is left out. On OpenMP the team is one parallel region
+ * with a barrier between phases; on a caller's pool (rms_pool) each phase is a fork-join whose
+ * members are claimed by whichever thread comes first, the caller included, so the work
+ * finishes even when the pool runs nothing in parallel. */
 typedef void (*phase_fn)(void *job, int t, int nt, int phase);
-/* Whether a team of nt runs its phases from the third on (NULL: always); every member must get
- * the same answer from what the first phase left. */
-typedef int (*more_fn)(const void *job, int nt);
-
-/* Threads to ask for: nthreads, at most the pool's size when there is a pool. */
-static int pool_threads(const rms_pool *pool, int nthreads) {
-    return pool && pool->nthreads < nthreads ? pool->nthreads : nthreads;
-}
+typedef int (*skip_fn)(const void *job, int nt, int phase);
 
 /* One phase on a pool. The scheduled tasks own a reference each, so one that starts after the
  * phase is over (nothing left to claim) still finds its job alive; the last reference frees it. */
@@ -327,172 +275,123 @@ static int pool_run(const rms_pool *pool, int nt, int phase, phase_fn fn, void *
     return 0;
 }
 
-static void run_team(int nt, int phases, phase_fn fn, more_fn more, void *job,
+static void run_team(int nt, int phases, phase_fn fn, skip_fn skip, void *job,
                      const rms_pool *pool) {
-    if (pool) {
-        int phase = 0;
-        while (phase < phases && pool_run(pool, nt, phase, fn, job) == 0) {
-            if (++phase == 2 && more && !more(job, nt))
-                return;
+    __atomic_store_n(&last_team, nt, __ATOMIC_RELAXED);
+    if (nt <= 1 || pool) {
+        for (int phase = 0; phase < phases; phase++) {
+            if (phase > 0 && skip && skip(job, nt, phase))
+                continue;
+            if (nt > 1 && pool_run(pool, nt, phase, fn, job) == 0)
+                continue;
+            for (int t = 0; t < nt; t++) /* one member, or out of memory: the calling thread */
+                fn(job, t, nt, phase);
         }
-        if (phase == phases)
-            return;
-        if (phase > 0) { /* out of memory mid-way: finish on the calling thread */
-            for (; phase < phases; phase++)
-                for (int t = 0; t < nt; t++)
-                    fn(job, t, nt, phase);
-            return;
-        }
+        return;
     }
 #pragma omp parallel num_threads(nt)
     {
         int t = thread_id(), n = team_threads();
+        if (t == 0 && n != nt)
+            __atomic_store_n(&last_team, n, __ATOMIC_RELAXED);
         for (int phase = 0; phase < phases; phase++) {
-            if (phase == 2 && more && !more(job, n))
-                break; /* every member breaks here, or none */
             if (phase > 0) {
 #pragma omp barrier
+                if (skip && skip(job, n, phase))
+                    continue; /* every member skips, or none */
             }
             fn(job, t, n, phase);
         }
     }
 }
 
-/* Bytes between the threads' partial dgamma rows, which start on a page (RMS_DG_ALIGN): whole
- * pages, and RMS_DG_GAP more, so that no two threads' rows share a page, nor a line (each row is
- * updated once per row of x), nor lie on neighbouring pages. Rows that shared a page, in pairs of
- * lines, ran slower at two threads than at one: the CPU's stream prefetcher, which runs ahead
- * within a page, fetched the lines of the next thread's row as this thread went through its own,
- * and the two cores took those lines from each other on every row. 2-core Xeon, two threads,
- * page-aligned arrays, two builds alternating in one process, each pair in both orders, rows on
- * pages of their own (no page between) over rows a pair of lines apart: bfloat16 262144x256
- * 0.65 (1.65 -> 1.04 of a triad), 131072x512 0.78, float16 262144x256 0.63, float32 262144x256
- * 0.95; rows of 4 KiB or more, whose pitch was already whole pages, 0.96 to 1.03. 16-core Xeon,
- * 4 / 16 threads: bfloat16 262144x256 0.65 / 0.77, 131072x512 0.75 / 0.85, float16 262144x256
- * 0.65 / 0.74, float32 262144x256 0.92 / 0.96.
- * Rows on neighbouring pages still slowed each other, less with each page between them up to two
- * (the prefetchers also fetch ahead into the next page): two threads on the 2-core Xeon, two
- * builds alternating as above, two pages between the rows over none: bfloat16 65536x1024 0.87,
- * 16384x4096 0.90, 8192x8192 0.94, float16 65536x1024 0.82, float32 0.97 to 0.99, rows under 4
- * KiB 1.00 (one page between over none: bfloat16 65536x1024 0.90, 16384x4096 0.95; 16 pages over
- * two: 1.00); 16-core Xeon, 4 / 16 threads: bfloat16 65536x1024 0.87 / 0.92, 16384x4096 0.96 /
- * 0.99-1.10, 8192x8192 0.97 / 0.96, float16 65536x1024 0.79 / 0.86, float32 0.96 / 0.99. */
-#define RMS_DG_ALIGN 4096
-#define RMS_DG_GAP 8192
-static size_t dg_pitch(size_t k, size_t cs) {
-    return (k * cs + RMS_DG_ALIGN - 1) / RMS_DG_ALIGN * RMS_DG_ALIGN + RMS_DG_GAP;
+/* ---------------------------------------------------------------- scratch rows
+ * Rows of the driver's own (widened weights, dgamma partial sums), each on pages of its own
+ * with a page between neighbours: rows that shared a page, or lay on neighbouring pages, slowed
+ * each other's threads through the CPUs' prefetchers (benchmarks/NOTES.md). */
+#define RMS_PAGE 4096
+static size_t row_pitch(size_t bytes) {
+    return (bytes + RMS_PAGE - 1) / RMS_PAGE * RMS_PAGE + RMS_PAGE;
 }
 
-/* The members' rows (their weight rows and partial dgamma rows) take n x dg_pitch bytes a call.
- * glibc gives such page-aligned blocks above its mmap threshold (128 KiB, which six members' rows
- * of 4096 floats pass) a new mapping each time, so every call faulted the members' pages in and
- * unmapped them again, which interrupts every core the process runs on. Blocks of up to
- * RMS_KEEP_BYTES are kept for the next call instead, one in each of RMS_KEEP_SLOTS slots (a
- * backward holds two blocks at once). A call takes a slot's block by an atomic exchange, so no two
- * calls share one; a call that finds none large enough allocates its own. A block's first page
- * holds its size, and its rows start on the next. 16-core Xeon, 16 threads, two builds alternating
- * in one process, each pair in both orders, new time over old: bfloat16 16384x4096 forward (weight
- * rows of 4096 floats) 0.92-0.93, backward 0.93-0.94, 8192x8192 backward 0.95-0.96, float32
- * 8192x8192 backward 0.97; at 4 and 8 threads 0.98 to 1.00; forwards with no rows of their own
- * (bfloat16 and float32 8192x8192) 0.99 to 1.01. */
-#define RMS_KEEP_BYTES ((size_t)8 << 20)
-#define RMS_KEEP_SLOTS 2
-static char *kept[RMS_KEEP_SLOTS];
-
-/* The bytes of member_rows's block for n rows of k entries of cs bytes (its first page holds
- * the size); blocks of up to RMS_KEEP_BYTES are kept between calls. */
-static size_t rows_bytes(int n, size_t k, size_t cs) {
-    return (size_t)n * dg_pitch(k, cs) + RMS_DG_ALIGN;
-}
-
-/* n rows of k entries of cs bytes, dg_pitch apart, or NULL when out of memory; rows_free gives
- * them back. */
-static char *member_rows(int n, size_t k, size_t cs) {
-    size_t bytes = rows_bytes(n, k, cs);
-    for (int i = 0; i < RMS_KEEP_SLOTS; i++) {
-        char *b = __atomic_exchange_n(&kept[i], NULL, __ATOMIC_ACQ_REL);
-        if (b && *(size_t *)b >= bytes)
-            return b + RMS_DG_ALIGN;
-        free(b); /* too small: a larger block takes its slot */
-    }
+static char *scratch_rows(size_t n, size_t bytes) {
     void *p = NULL;
-    if (posix_memalign(&p, RMS_DG_ALIGN, bytes))
+    if (n == 0 || posix_memalign(&p, RMS_PAGE, n * row_pitch(bytes)))
         return NULL;
-    *(size_t *)p = bytes;
-    return (char *)p + RMS_DG_ALIGN;
+    return p;
 }
 
-/* Rows from member_rows (or NULL), kept in a free slot where they are small enough. */
-static void rows_free(char *rows) {
-    if (!rows)
-        return;
-    char *b = rows - RMS_DG_ALIGN;
-    for (int i = 0; i < RMS_KEEP_SLOTS && *(size_t *)b <= RMS_KEEP_BYTES; i++) {
-        char *none = NULL;
-        if (__atomic_compare_exchange_n(&kept[i], &none, b, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE))
-            return;
-    }
-    free(b);
-}
-
-/* The line at p, which follows the part of a row of the driver's own (a member's weight row or
- * partial dgamma row, dg_pitch apart) that the member wrote, zeroed. The kernels' masked loads
- * at the end of a row read up to a vector past it, with the lanes past it masked off; where
- * that is the page after (a row that ends on one), nothing else may have touched that page, it
- * is then not mapped, and every such load takes a microcode assist. 2-core Xeon, bfloat16
- * 8192x2048 (float32 weight and dgamma rows of 8 KiB), outputs 16 bytes past a page, against
- * the build before the members' own weight rows, two builds alternating in one process, both
- * orders: forward at one thread 1.22 of its time without the line zeroed, 1.00 with it;
- * backward at two threads 1.27 without it in the dgamma rows too, 1.00 with it. */
-static void touch_after(char *p) { memset(p, 0, 64); }
-
-/* ---------------------------------------------------------------- members' own weight rows
- * With RMS_W_OWN, w holds x's 16-bit type, and each member of the team widens w_offset + w into
- * a float row of its own, on pages of its own (dg_pitch apart), in its first phase. A weight
- * widened once by the calling thread and read by every member cost each call the transfer of
- * its lines from the caller's core to the others, and their invalidation back on the next
- * call's widening: 4 to 5 us a call on the 2-core Xeon at two threads, against 0.7 us for the
- * widening itself. The same Xeon, bfloat16, page-aligned inputs and outputs 16 bytes past a
- * page, two builds alternating in one process, each pair in both orders, widened by the caller
- * -> by each member, one / two threads: forward 8x4096 0.90 / 0.56, 64x4096 0.98 / 0.79,
- * 16x8191 0.90 / 0.56; add 8x4096 0.94 / 0.60, 64x4096 0.98 / 0.90, 16x8191 0.96 / 0.69;
- * backward 8x4096 0.88 / 0.82, 64x4096 0.95 / 0.86, 16x8191 1.00 / 0.91; float16 64x4096
- * forward 0.98 / 0.76, backward 0.91 / 0.89. Rows from memory 0.96 to 1.03 (8192x2048 to
- * 65536x1024; backward 1024x4096 1.04 / 1.02, which another harness measured 0.96 / 1.08). */
-typedef struct {
-    const rms_kernels *kt;
-    const void *src; /* the weight, x's storage type */
-    double offset;
-    size_t k, pitch;
-    char *rows; /* [members x pitch] */
-} own_w;
-
-/* Returns 0 (o->rows NULL without RMS_W_OWN), or -1 when the rows could not be allocated. */
-static int own_w_open(own_w *o, const rms_kernels *kt, const void *w, double offset, size_t k,
-                      int flags, int members) {
-    *o = (own_w){kt, w, offset, k, dg_pitch(k, sizeof(float)), NULL};
-    if (!(flags & RMS_W_OWN) || !w)
+/* The weights as the kernels read them: the compute type with the offset added. *own is a
+ * row to free, or NULL. Returns -1 when it cannot be allocated. */
+static int compute_weights(const rms_isa_table *isa, int dtype, const void *w, int w_dtype,
+                           double offset, size_t k, int nthreads, const void **out, void **own) {
+    *own = NULL;
+    *out = w;
+    if (!w || (w_dtype == compute_dtype(dtype) && offset == 0.0))
         return 0;
-    return (o->rows = member_rows(members, k, sizeof(float))) ? 0 : -1;
+    if (!(*own = malloc(k * csize(dtype) + 64)))
+        return -1;
+    rms_convert(&isa->k[w_dtype], w_dtype, w, *own, offset, k, 1, nthreads);
+    *out = *own;
+    return 0;
 }
 
-/* Member t's weight into *w (its own row, which it widens in phase 0; w as it is without own
- * rows), and RMS_W_OWN off in *flags. */
-static void own_w_take(const own_w *o, int t, int phase, const void **w, int *flags) {
-    *flags &= ~RMS_W_OWN;
-    if (!o->rows)
-        return;
-    char *row = o->rows + (size_t)t * o->pitch;
-    if (phase == 0) {
-        o->kt->widen(o->src, row, o->offset, o->k);
-        touch_after(row + o->k * sizeof(float));
+/* ---------------------------------------------------------------- the element split */
+
+/* Member t's share of the flattened m*k elements: full rows [r0, r1) and up to two partial
+ * rows (p[0]: the end of the row before r0, p[1]: the start of row r1). */
+typedef struct {
+    size_t row, c0, c1;
+    double s; /* the piece's sum */
+} piece;
+
+typedef struct {
+    size_t r0, r1;
+    piece p[2];
+} share;
+
+static share split(size_t m, size_t k, int t, int nt, int by_rows) {
+    share s = {0, 0, {{RMS_NONE, 0, 0, 0.0}, {RMS_NONE, 0, 0, 0.0}}};
+    size_t e0, e1, total = m * k;
+    if (by_rows) {
+        chunk(m, t, nt, 1, &s.r0, &s.r1);
+        return s;
     }
-    *w = row;
+    chunk(total, t, nt, total >= (size_t)nt * 256 ? 16 : 1, &e0, &e1);
+    if (e0 >= e1)
+        return s;
+    size_t row = e0 / k, col = e0 % k;
+    if (col) {
+        size_t end = e1 - row * k < k ? e1 - row * k : k;
+        s.p[0] = (piece){row, col, end, 0.0};
+        e0 = row * k + end;
+        row++;
+    }
+    s.r0 = s.r1 = row;
+    if (e0 < e1) {
+        s.r1 = e1 / k;
+        if (e1 % k)
+            s.p[1] = (piece){s.r1, 0, e1 % k, 0.0};
+    }
+    return s;
 }
 
-#define AT(p, row, stride, col, es)                                                            \
-    ((char *)(p) + ((ptrdiff_t)(row) * (stride) + (ptrdiff_t)(col)) * (ptrdiff_t)(es))
+/* Whole rows when they spread evenly, else the flattened split. */
+static int split_by_rows(size_t m, int nt) { return m % (size_t)nt == 0 || m >= 16 * (size_t)nt; }
+
+/* Sum of the partial results for `row`, always in member order so every sharer agrees. */
+static double row_sum(const share *sh, int nt, size_t row) {
+    double s = 0.0;
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < 2; j++)
+            if (sh[t].p[j].row == row)
+                s += sh[t].p[j].s;
+    return s;
+}
+
+static double load_c(const void *arr, size_t i, int f64) {
+    return f64 ? ((const double *)arr)[i] : (double)((const float *)arr)[i];
+}
 
 static void store_c(void *arr, size_t i, double v, int f64) {
     if (f64)
@@ -501,886 +400,380 @@ static void store_c(void *arr, size_t i, double v, int f64) {
         ((float *)arr)[i] = (float)v;
 }
 
-static double load_c(const void *arr, size_t i, int f64) {
-    return f64 ? ((const double *)arr)[i] : (double)((const float *)arr)[i];
-}
-
-/* ---------------------------------------------------------------- long rows backwards
- * The second pass over a long row piece (back_bytes, 1 MiB, or more) goes backwards, a block at a
- * time, when the first pass over it was the last thing read: that pass leaves the piece's end in
- * L2, and a second pass going forwards would find each line evicted before it got there (the
- * least recently used go first), while one going backwards reads the end from L2 first. The
- * blocks end on multiples of RMS_BACK_BLK bytes of the output, so streamed blocks start and end
- * on its lines. The same bits either way. 2-core Xeon, AVX-512, two choices alternating in one
- * process, each pair in both orders, new time over old at one / two threads: forward float32
- * 1x1048576 0.93 / 0.90, 64x524288 0.78 / 0.77, 128x262144 0.76 / 0.78, bfloat16 1x1048576 0.90 /
- * 1.00, 64x524288 0.81 / 0.88; backward 1x1048576 float32 0.97 / 0.91, bfloat16 0.93 / 0.86;
- * add float32 1x1048576 0.96 / 0.94, 2x524288 0.83 / 0.92, bfloat16 1x1048576 0.87 / 0.95,
- * 2x524288 0.73 / 0.78, and streamed, float32 64x524288 0.82 / 0.78, 128x262144 0.79 / 0.74,
- * bfloat16 64x524288 0.84 / 0.88. Left forwards: rows of 64 KiB to 512 KiB from memory, which
- * lose the prefetch of the rows ahead (forward float32 1024x32768 1.26 / 1.29, bfloat16
- * 64x262144 1.01 / 1.06), the backward's runs of whole rows, fused across rows (float32
- * 64x524288 1.08 / 1.08), and pieces read before other rows in the first pass (float32
- * 3x1000000 at two threads 1.06).
- * Returns where the block that ends at element `end` of a piece of n elements starts: 0 for a
- * piece that goes forwards in one call (back 0, or a short piece). The blocks run `for (e = n;
- * e > 0; e = b) { b = back_start(e, n, ...); ...(b, e); }`. */
-#define RMS_BACK_BLK 16384
-static size_t back_start(size_t end, size_t n, const void *out, size_t es, int back) {
-    if (!back || n * es < back_bytes || (uintptr_t)out % es)
-        return 0;
-    size_t len = ((uintptr_t)out + end * es) % RMS_BACK_BLK / es;
-    len = len ? len : RMS_BACK_BLK / es;
-    return end > len ? end - len : 0;
-}
-
-/* ---------------------------------------------------------------- line buffer
- * Short rows of a packed output that does not start on a cache line (np.empty_like gives arrays
- * 16 bytes past a page) share lines with the rows beside them, so the kernels cannot stream them,
- * and stored plainly each line is first read from memory. Such rows go through a buffer in L1
- * instead: a batch of rows is stored into it at the output's offset within a line, its whole
- * lines are streamed out (the kernel family's stream_lines), and its last partial line is carried
- * over to the front of the buffer for the next batch to complete. Only the first and last
- * partial lines of a thread's rows are stored plainly, and only their own bytes. The kernels
- * prefetch the rows past each batch (RMS_PF_PAST) as they would in one call. */
-#define RMS_LINE_BUF 8192 /* bytes of rows in a batch, at most */
-#define RMS_LINE_MIN 64
-#define RMS_LINE_16_MIN 128
-#define RMS_LINE_16_MAX 256
-#define RMS_LINED (1 << 24) /* the driver's own flag, never passed to the kernels */
-enum { LINE_FWD, LINE_ADD, LINE_BWD }; /* the passes, for lined */
-
-/* Rows [r0, r1) of a kernel call into outputs out[] (packed rows). */
-typedef void (*rows_fn)(const void *ctx, size_t r0, size_t r1, char *const *out);
-
-/* Rows [r0, r1) through fn, with nout outputs (at most 2) whose row r0 starts at dst[j], rows of
- * rb bytes packed, every dst[j] at the same offset within a line. */
-static void line_rows(rows_fn fn, const void *ctx, size_t r0, size_t r1, size_t rb,
-                      char *const *dst, int nout) {
-    char buf[2][RMS_LINE_BUF + 128] __attribute__((aligned(64)));
-    void (*stream)(void *, const void *, size_t) = rms_isa_current()->stream_lines;
-    size_t q = 64 / ((rb & -rb) < 64 ? (rb & -rb) : 64); /* rows that fill whole lines */
-    size_t b = RMS_LINE_BUF / rb / q * q;
-    if (!stream || b == 0 || r1 - r0 < 2 * b) { /* (stream: the ISA set since, by another thread) */
-        fn(ctx, r0, r1, dst);
-        return;
-    }
-    size_t o = (uintptr_t)dst[0] % 64;
-    char *line[2] = {dst[0] - o, nout > 1 ? dst[1] - o : NULL};
-    for (size_t i = r0; i < r1;) {
-        size_t n = r1 - i < b ? r1 - i : b, end = o + n * rb, full = end / 64, tail = end % 64;
-        char *out[2] = {buf[0] + o, buf[1] + o};
-        fn(ctx, i, i + n, out);
-        for (int j = 0; j < nout; j++) {
-            size_t s = 0;
-            if (i == r0 && o) { /* the first line: only its own bytes, plainly (end >= 64) */
-                memcpy(line[j] + o, buf[j] + o, 64 - o);
-                s = 1;
-            }
-            stream(line[j] + 64 * s, buf[j] + 64 * s, full - s);
-            if (i + n == r1)
-                memcpy(line[j] + 64 * full, buf[j] + 64 * full, tail);
-            else
-                memcpy(buf[j], buf[j] + 64 * full, tail);
-            line[j] += 64 * full;
-        }
-        o = tail;
-        i += n;
-    }
-    rms_stream_fence();
-}
-
-/* A kernel call over rows, for line_rows: the forward's or the add's arguments (fa), or the
- * backward's (ba) with its dgamma row dg. */
-typedef struct {
-    const rms_kernels *kt;
-    const rms_fwd_args *fa;
-    const rms_bwd_args *ba;
-    void *dg;
-    int flags;
-    size_t es, cs;
-} rows_ctx;
-
-/* The kernels' flags, and an output's row stride: packed rows into the line buffer (RMS_LINED),
- * whose kernels prefetch past each batch, or the output's own. */
-static int call_flags(int flags) {
-    return flags & RMS_LINED ? (flags & ~RMS_LINED) | RMS_PF_PAST : flags;
-}
-static ptrdiff_t out_stride(int flags, size_t k, ptrdiff_t stride) {
-    return flags & RMS_LINED ? (ptrdiff_t)k : stride;
-}
-
-static void fwd_call(const void *ctx, size_t r0, size_t r1, char *const *out) {
-    const rows_ctx *c = ctx;
-    const rms_fwd_args *a = c->fa;
-    size_t es = c->es, k = a->k, m = r1 - r0;
-    int flags = call_flags(c->flags);
-    const char *x = AT(a->x, r0, a->xs, 0, es);
-    char *rstd = (char *)a->rstd + r0 * c->cs;
-    if (a->r)
-        c->kt->add_rows(x, a->xs, AT(a->r, r0, a->rs, 0, es), a->rs, out[0],
-                        out_stride(c->flags, k, a->hs), out[1], out_stride(c->flags, k, a->ys),
-                        a->w, rstd, m, k, a->eps, flags);
-    else
-        c->kt->fwd_rows(x, a->xs, out[0], out_stride(c->flags, k, a->ys), a->w, rstd, m, k,
-                        a->eps, flags);
-}
-
-static void fwd_rows(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, size_t r1,
-                     int flags, size_t es, size_t cs) {
-    if (r1 <= r0)
-        return;
-    rows_ctx c = {kt, a, NULL, NULL, flags, es, cs};
-    char *dst[2] = {AT(a->r ? a->h : a->y, r0, a->r ? a->hs : a->ys, 0, es),
-                    a->r ? AT(a->y, r0, a->ys, 0, es) : NULL};
-    if (flags & RMS_LINED)
-        line_rows(fwd_call, &c, r0, r1, a->k * es, dst, a->r ? 2 : 1);
-    else
-        fwd_call(&c, r0, r1, dst);
-}
+/* ---------------------------------------------------------------- forward */
 
 typedef struct {
     const rms_kernels *kt;
     const rms_fwd_args *a;
-    int flags, rstd_apart;
-    own_w ow;
+    const void *w;
+    int flags, by_rows;
     share sh[RMS_MAX_THREADS];
 } fwd_job;
 
-/* Whether y or h is x or r (out=x, residual_out=residual): then a partial row whose sum of
- * squares is not usable (a row of zeros, squares that underflow or overflow) has its rstd taken
- * in a phase of its own, before any member writes (rstd_phase): it is rescued from the whole row
- * (rescue), which its other sharers would otherwise be overwriting at the same time, and its
- * rstd depended on the timing. */
-static int writes_inputs(const rms_fwd_args *a) {
-    const void *in[2] = {a->x, a->r};
-    for (int i = 0; i < 2; i++)
-        if (in[i] && (in[i] == (const void *)a->y || in[i] == (const void *)a->h))
-            return 1;
-    return 0;
-}
-
-/* Phase 0: the partial rows' sums, then the whole rows. Phase 1: the partial rows, scaled by
- * the rstd that their sharers' sums give (with rstd_phase, phase 1 takes the rstds and phase 2
- * scales). The add's partial rows, when its outputs are not
- * streamed, store h in phase 0 and scale it in phase 1, rather than rounding x + r once in each
- * phase (AMD EPYC Zen 3, AVX2, two threads, two builds alternating in one process, new time over
- * old, the same bits: 1x1048576 bfloat16 0.64-0.73, float32 0.81-0.88; 29x17389, whose other
- * rows are whole, bfloat16 0.80-0.90, float32 0.91-1.00; on the 16-core Xeon, AVX-512, an
- * environment switch in one build, at 4 / 16 threads: 1x1048576 bfloat16 0.67 / 0.59, float32
- * 0.70 / 0.43, float16 0.84 / 0.86; 29x17389 bfloat16 0.91 / 0.87, float32 0.91 / 0.57;
- * 4x262144 bfloat16 0.75 / 0.63). Streamed, h keeps its streaming stores in phase 1
- * (4x2097152, which streams, measured the same either way on Zen 3: bfloat16 0.99, float32
- * 1.00). */
-static int stage_pieces(const fwd_job *j) { return j->a->r && !(j->flags & RMS_STREAM); }
-
-/* Whether the partial rows' rstds take phase 1 and their scaling phase 2 (see writes_inputs):
- * only where the outputs are inputs and a partial row is rescued. The extra phase cost in-place
- * calls 1 to 7% when taken always (float32 add of 64x4096, residual_out=residual, two threads:
- * 25.0 -> 26.8 us). */
-static int rstd_phase(const void *job, int nt) {
+/* The second phase (rescue) only where a shared row's sum of squares is unusable. */
+static int fwd_skip(const void *job, int nt, int phase) {
     const fwd_job *j = job;
-    if (!j->rstd_apart)
+    if (phase != 1)
         return 0;
-    /* The pieces come row after row in member order, so one pass adds up each row's sum as
-     * row_sum does, in the same order (every member calls this: O(nt), not a row_sum a row). */
-    const int f64 = j->a->dtype == RMS_F64;
-    size_t row = RMS_NONE;
-    double s = 0.0;
     for (int t = 0; t < nt; t++)
         for (int i = 0; i < 2; i++) {
             const piece *p = &j->sh[t].p[i];
-            if (p->row == RMS_NONE)
-                continue;
-            if (p->row != row) {
-                if (row != RMS_NONE && !rms_sumsq_ok(s, f64))
-                    return 1;
-                row = p->row;
-                s = 0.0;
-            }
-            s += p->s;
+            if (p->row != RMS_NONE && p->c0 == 0 &&
+                !rms_sumsq_ok(row_sum(j->sh, nt, p->row), j->a->dtype == RMS_F64))
+                return 0;
         }
-    return row != RMS_NONE && !rms_sumsq_ok(s, f64);
+    return 1;
 }
 
-/* A row's rstd from its sum of squares ss, rounded as it is stored, so that it scales with the
- * rstd that is stored. */
-static double rstd_of(const rms_kernels *kt, const char *x, const char *res, double ss, size_t k,
-                      double eps, int f64) {
-    double r = rms_sumsq_ok(ss, f64) ? 1.0 / sqrt(ss / (double)k + eps)
-                                     : kt->rescue(x, res, k, eps);
-    return f64 ? r : (double)(float)r;
-}
-
-/* The forward's second pass over columns [c0, c0 + n) of a row whose first element x, residual
- * res, h and y start at: y = x * r * w (and h), or with res, h = x + res too; in blocks
- * backwards for long pieces (back_start). */
-static void scale_piece(const rms_kernels *kt, const rms_fwd_args *a, const char *x,
-                        const char *res, char *h, char *y, size_t c0, size_t n, double r,
-                        int flags, int back) {
-    size_t es = rms_esize(a->dtype), ws = wsize(a->dtype, a->flags);
-    x += c0 * es;
-    y += c0 * es;
-    const char *w = a->w ? (const char *)a->w + c0 * ws : NULL;
-    for (size_t e = n, b; e > 0; e = b) {
-        b = back_start(e, n, y, es, back);
-        const char *wb = w ? w + b * ws : NULL;
-        if (res)
-            kt->add_scale(x + b * es, res + (c0 + b) * es, h + (c0 + b) * es, y + b * es, wb, r,
-                          e - b, flags & ~RMS_LINED);
-        else
-            kt->scale(x + b * es, y + b * es, wb, r, e - b, flags & ~RMS_LINED);
-    }
-}
-
-/* Rows [r0, r1) of back_bytes or more: the sum, then the scale backwards (the same bits as
- * fwd_rows). The add's rows stage h first, as its pieces do, or where h and y stream (at one
- * offset within a line, so that the blocks start on lines of both), sum x + r, then store both
- * backwards. */
-static void fwd_long(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, size_t r1,
-                     int flags, size_t es) {
-    int f64 = a->dtype == RMS_F64;
-    size_t k = a->k;
-    for (size_t i = r0; i < r1; i++) {
-        const char *x = AT(a->x, i, a->xs, 0, es);
-        char *y = AT(a->y, i, a->ys, 0, es);
-        double ss;
-        const char *res = NULL;
-        char *h = NULL;
-        if (a->r && (flags & RMS_STREAM)) {
-            res = AT(a->r, i, a->rs, 0, es);
-            h = AT(a->h, i, a->hs, 0, es);
-            ss = kt->add_sumsq(x, res, k);
-        } else if (a->r) { /* then scale h, which add_stage stored */
-            h = AT(a->h, i, a->hs, 0, es);
-            ss = kt->add_stage(x, AT(a->r, i, a->rs, 0, es), h, k);
-            x = h;
-        } else {
-            ss = kt->sumsq(x, k);
-        }
-        double r = rstd_of(kt, x, res, ss, k, a->eps, f64);
-        store_c(a->rstd, i, r, f64);
-        scale_piece(kt, a, x, res, h, y, 0, k, r, flags, 1);
-    }
-}
-
-/* The forward's rows [r0, r1) of one thread. */
-static void fwd_any(const rms_kernels *kt, const rms_fwd_args *a, size_t r0, size_t r1,
-                    int flags, size_t es) {
-    if (a->k * es >= back_bytes && !(flags & RMS_LINED) &&
-        (!a->r || !(flags & RMS_STREAM) || (uintptr_t)a->h % 64 == (uintptr_t)a->y % 64))
-        fwd_long(kt, a, r0, r1, flags, es);
-    else
-        fwd_rows(kt, a, r0, r1, flags, es, csize(a->dtype));
-}
-
+/* Phase 0: the pieces' sums (the add stages h = round(x + r) of its pieces), and the whole
+ * rows. Phase 1: the first sharer of an unusable row rescues it from the whole row, before
+ * anyone writes over it (out=x). Phase 2: the pieces scaled by their row's rstd. */
 static void fwd_phase(void *job, int t, int nt, int phase) {
     fwd_job *j = job;
+    const rms_fwd_args *a = j->a;
     const rms_kernels *kt = j->kt;
-    rms_fwd_args mine = *j->a; /* with member t's weight */
-    own_w_take(&j->ow, t, phase, &mine.w, &mine.flags);
-    const rms_fwd_args *a = &mine;
-    size_t es = rms_esize(a->dtype), k = a->k;
+    size_t es = rms_esize(a->dtype), cs = csize(a->dtype), k = a->k;
     int f64 = a->dtype == RMS_F64;
+    const void *src = a->r ? a->h : a->x; /* a piece's second pass reads h (staged) or x */
+    ptrdiff_t ss = a->r ? a->hs : a->xs;
     if (phase == 0) {
-        share s = split(a->m * k, k, t, nt);
+        share s = split(a->m, k, t, nt, j->by_rows);
         for (int i = 0; i < 2; i++) {
             piece *p = &s.p[i];
             if (p->row == RMS_NONE)
                 continue;
-            const char *x = AT(a->x, p->row, a->xs, p->c0, es);
-            const char *res = a->r ? AT(a->r, p->row, a->rs, p->c0, es) : NULL;
-            if (!res)
-                p->s = kt->sumsq(x, p->c1 - p->c0);
-            else if (stage_pieces(j))
-                p->s = kt->add_stage(x, res, AT(a->h, p->row, a->hs, p->c0, es), p->c1 - p->c0);
-            else
-                p->s = kt->add_sumsq(x, res, p->c1 - p->c0);
+            p->s = kt->sumsq(AT(a->x, p->row, a->xs, p->c0, es),
+                             a->r ? AT(a->r, p->row, a->rs, p->c0, es) : NULL,
+                             a->r ? AT(a->h, p->row, a->hs, p->c0, es) : NULL, p->c1 - p->c0);
         }
         j->sh[t] = s;
-        fwd_any(kt, a, s.r0, s.r1, j->flags, es);
+        if (s.r1 > s.r0)
+            kt->fwd(AT(a->x, s.r0, a->xs, 0, es), a->xs,
+                    a->r ? AT(a->r, s.r0, a->rs, 0, es) : NULL, a->rs,
+                    a->r ? AT(a->h, s.r0, a->hs, 0, es) : NULL, a->hs,
+                    AT(a->y, s.r0, a->ys, 0, es), a->ys, j->w, (char *)a->rstd + s.r0 * cs,
+                    s.r1 - s.r0, k, a->eps, j->flags);
         return;
     }
-    const int apart = rstd_phase(j, nt);
     for (int i = 0; i < 2; i++) {
-        piece *p = &j->sh[t].p[i];
+        const piece *p = &j->sh[t].p[i];
         if (p->row == RMS_NONE)
             continue;
-        int staged = stage_pieces(j); /* then x is the row of h that phase 0 stored */
-        const char *x = staged ? AT(a->h, p->row, a->hs, 0, es) : AT(a->x, p->row, a->xs, 0, es);
-        const char *res = a->r && !staged ? AT(a->r, p->row, a->rs, 0, es) : NULL;
+        double sum = row_sum(j->sh, nt, p->row);
         if (phase == 1) {
-            p->r = rstd_of(kt, x, res, row_sum(j->sh, nt, p->row), k, a->eps, f64);
-            if (p->c0 == 0) /* exactly one sharer holds the start of the row */
-                store_c(a->rstd, p->row, p->r, f64);
+            if (p->c0 == 0 && !rms_sumsq_ok(sum, f64))
+                store_c(a->rstd, p->row,
+                        kt->rescue(AT(src, p->row, ss, 0, es), NULL, k, a->eps), f64);
+            continue;
         }
-        if (phase == 1 + apart)
-            /* (the add's h and y, which may lie at different offsets within a line: forwards) */
-            scale_piece(kt, a, x, res, res ? AT(a->h, p->row, a->hs, 0, es) : NULL,
-                        AT(a->y, p->row, a->ys, 0, es), p->c0, p->c1 - p->c0, p->r, j->flags,
-                        one_piece(&j->sh[t]) && !res);
+        double r = rms_sumsq_ok(sum, f64) ? rms_rstd(sum, k, a->eps) : load_c(a->rstd, p->row, f64);
+        r = f64 ? r : (double)(float)r;
+        if (p->c0 == 0)
+            store_c(a->rstd, p->row, r, f64);
+        kt->scale(AT(src, p->row, ss, p->c0, es), AT(a->y, p->row, a->ys, p->c0, es),
+                  j->w ? (const char *)j->w + p->c0 * cs : NULL, r, p->c1 - p->c0, j->flags);
     }
 }
 
-/* Stream an output of `bytes` in rows of k elements, `stride` apart, from `p`? Only when it
- * would not fit in the cache, and only when rows span `min_row` bytes or more (RMS_STREAM_ROW, or
- * RMS_STREAM_ROW_FWD for the forward's 32- and 64-bit rows) or start on cache lines, and 16-bit
- * rows that start on lines from the kernel family's stream_row_16 bytes. With AVX2 that is 512:
- * its shorter 16-bit rows are bound by their arithmetic rather than by memory, and measured much
- * faster stored plainly (into a page-aligned out=, two builds alternating in one process, plain
- * time over streamed. AMD EPYC Zen 3, 1 / 2 threads: bfloat16 1M x 64 forward 0.71 / 0.71,
- * backward 0.82 / 0.82, add 0.69 / 0.50; float16 0.61 / 0.70, 0.65 / 0.68, 0.39 / 0.65;
- * 524288x128 0.70 to 0.92 but the float16 add at two threads, 1.09; rows of 512 bytes either
- * way by shape and thread count, 0.88 to 1.28. 16-core Xeon running the AVX2 kernels, 1 / 4 / 16
- * threads: bfloat16 1M x 64 backward 0.77 to 0.80, add 0.89 / 0.95 / 1.09; float16 add 0.89 /
- * 1.03 / 1.34). Its AVX-512 kernels measured faster streamed (bfloat16 1M x 64 add 1.23 to
- * 1.38, float16 1.25 to 1.63) and stream rows of any length.
- * The kernels stream whole lines only and store the partial lines at a row's ends plainly
- * (FN(span)); rows that do not start on a line then pay for two plain lines a row, which
- * streaming outweighs from about 1 KiB (AMD EPYC Zen 4, one thread, ratio to a copy, output
- * rows 16 bytes into a line, plain -> streamed: float32 forward 65536x1024 1.56 -> 0.99,
- * 262144x256 1.40 -> 1.04, backward 262144x256 1.63 -> 1.23; bfloat16 forward 65536x1024 2.21
- * -> 1.28, add 131072x512 2.61 -> 1.92; but bfloat16 add 262144x256 2.25 -> 2.77, backward
- * 2.20 -> 3.09, and add 1M x 64 2.10 -> 3.72). The forward's 32- and 64-bit rows outweigh it
- * from 512 bytes (rows 16 bytes into a line, two builds alternating in one process, streamed
- * time over plain; AMD EPYC Zen 3, AVX2, 1 / 2 threads: float32 524288x128 0.90 / 0.74,
- * 335544x200 0.71 / 0.66, float64 524288x64 0.67 / 0.67, 335544x100 0.63 / 0.66; 16-core Xeon,
- * AVX-512, 1 / 4 / 16 threads: float32 524288x128 0.76 / 0.86 / 0.86, 335544x200 0.62 / 0.77 /
- * 0.78, float64 524288x64 0.64 / 0.67 / 0.80; its AVX2 kernels 0.69 to 0.94), but float32 rows
- * of 384 bytes lost on the Xeon (699050x96, 1.30 at one thread, 1.12 at four), and the 16-bit
- * forward's short rows lost on Zen 3 (bfloat16 524288x128 1.32 / 1.22, 262144x256 1.21 / 0.97;
- * float16 1M x 64 1.44 / 1.33). */
-#define RMS_STREAM_ROW 1024
-#define RMS_STREAM_ROW_FWD 512
-/* Where the kernels stream the partial lines of 32- and 64-bit rows too (RMS_NT_EDGES), those
- * rows share no line between streaming and plain stores. Where rms_cpu_stream_edges says so
- * (every row on Intel CPUs; 32- and 64-bit rows of 256 bytes or more on AMD CPUs from Zen 5 on,
- * see dispatch.c) they then stream as rows on lines do: the forward and the add at any length
- * (edge_min 0), the backward from RMS_STREAM_ROW_EDGE_BWD bytes; elsewhere the rule above
- * stands. A 2-core Xeon (AVX-512), every array 16 bytes past a page as np.empty_like gives them,
- * two builds alternating in one process, time with the partial lines streamed over before
- * (stored plainly, and short rows not streamed), one / two threads: float32 forward 2M x 32
- * 0.78-0.80 / 0.76, 262144x256 0.71 / 0.71, 65536x1024 0.83-0.89 / 0.90, add 1M x 64 0.46-0.47 /
- * 0.47-0.49, 2M x 32 0.61 / 0.62, backward 524288x128 0.57-0.63 / 0.76-0.81, 262144x256
- * 0.81-0.83 / 0.78; float64 forward 1M x 32 0.63 / 0.61-0.62. Backward rows of 128 and 256
- * bytes lost at two threads (float32 2M x 32 1.47, 1M x 64 0.87-0.94 against 0.56-0.57 at one)
- * and are not streamed. The float32 forward compiles rows of 64 and 128 elements
- * as constants (RMS_KSW in rows_impl.h), and there the code of the streamed partial lines
- * slowed the rows on lines that never store one (page-aligned 1M x 64, 1.06-1.22 of the time;
- * through a call, as 16-bit rows below, 1.07, and 524288x128 1.15): those loops keep plain
- * partial lines (FN(span)), as do the 16-bit forward's and add's with a weight (RMS_KSW there
- * too), and outputs whose rows do not start on lines take the general loop instead when they
- * stream by this rule (RMS_ANY_K, rms_forward). Into empty_like, new over old at one / two
- * threads: float32 forward 1M x 64 0.66-0.69 / 0.68-0.69, 524288x128 0.75-0.85 / 0.77-0.80;
- * bfloat16 forward 524288x128 0.89-0.90 / 0.90-0.92, add 0.76-0.82 / 0.76-0.79; float16
- * forward 0.83-0.87. Rows on lines, which keep the constant-length loops, the same within 0.01.
- * 16-bit rows may start or end on 2 bytes, where no non-temporal piece fits: they take the
- * pieces where they start and end on 4 bytes (FN(edge_nt), through a call: FN(span_edge_nt)),
- * and stream by this rule only when every row of the output does, from RMS_STREAM_ROW_EDGE_16
- * bytes (bfloat16 forward 1M x 64 without a weight lost, 1.18-1.19 of the time, and 700000x96
- * gained nothing, 1.00). The same 2-core Xeon, every array 16 bytes past a page, new over old,
- * one / two threads: bfloat16 forward 262144x256 0.74-0.78 / 0.66-0.77, 131072x512 0.71 /
- * 0.73-0.74; add 262144x256 0.55-0.58 / 0.54-0.58, 131072x512 0.77 / 0.77-0.79; backward
- * 262144x256 0.60-0.81 / 0.77-0.92, 131072x512 0.69 / 0.76, 65536x1024 0.86 / 0.85; float16
- * forward 262144x256 0.68 / 0.69, 524288x128 without a weight 0.76 / 0.78, add 262144x256 0.63 /
- * 0.62, backward 131072x512 0.69-0.85 / 0.76-0.84. Outputs on lines measured the same within
- * 0.02. */
-#define RMS_STREAM_ROW_EDGE_BWD 512
-#define RMS_STREAM_ROW_EDGE_16 256
-static int on_lines(const void *p, ptrdiff_t stride, size_t es) {
-    return (uintptr_t)p % 64 == 0 && ((size_t)stride * es) % 64 == 0;
-}
-static int streamable(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes,
-                      size_t min_row, size_t edge_min) {
-    if (bytes < stream_bytes)
-        return 0;
-    int lines = on_lines(p, stride, es);
-    size_t lines_min = es >= 4 ? 0 : rms_isa_current()->stream_row_16;
-    /* 16-bit rows: where every row starts and ends on 4 bytes (FN(edge_nt)), and from
-     * RMS_STREAM_ROW_EDGE_16 bytes or the rows on lines' minimum, whichever is more */
-    int edges = RMS_NT_EDGES && rms_cpu_stream_edges(es, k * es) &&
-                (es >= 4 || ((uintptr_t)p | (size_t)stride * es | k * es) % 4 == 0);
-    if (es < 4 && edge_min < RMS_STREAM_ROW_EDGE_16)
-        edge_min = RMS_STREAM_ROW_EDGE_16;
-    if (edge_min < lines_min)
-        edge_min = lines_min;
-    return k * es >= min_row || (lines && k * es >= lines_min) || (edges && k * es >= edge_min);
-}
-
-/* Whether the output p (rows of k elements, stride apart, `bytes` in all) of a pass (LINE_FWD,
- * LINE_ADD or LINE_BWD) goes through the line buffer (line_rows): where rms_cpu_stream_edges
- * says so for its rows (Intel CPUs; Zen 5's 32- and 64-bit rows of 256 bytes or more), with a
- * family that streams, too large for the cache, packed and not on
- * lines, with rows that gained on both Xeons measured: the add's 16-bit rows of RMS_LINE_16_MIN
- * to RMS_LINE_16_MAX bytes, the forward's of RMS_LINE_16_MAX (ahead of the partial lines' rule in
- * streamable), no shorter than the family streams 16-bit rows on lines, and the backward's 32-
- * and 64-bit rows of RMS_LINE_MIN bytes up to those it streams (RMS_STREAM_ROW_EDGE_BWD). Into
- * empty_like, two builds (or the choice) alternating in one process, each pair in both orders,
- * new time over old. 2-core Xeon, AVX-512, one / two threads: bfloat16 add 1M x 64 0.62 / 0.62,
- * 524288x128 0.94 / 0.94, forward 524288x128 0.90 / 0.91; float16 add 1M x 64 0.75 / 0.74;
- * float32 backward 1M x 64 0.60 / 0.64, 2M x 32 0.76 / 0.76, 699050x96 0.72 / 0.71; float64
- * 1M x 32 0.65 / 0.63. 16-core Xeon, 1 / 4 / 16 threads: bfloat16 add 1M x 64 0.89 / 0.93 /
- * 0.85, 524288x128 0.68 / 0.63 / 0.57, forward 524288x128 0.74 / 0.51 / 0.62; float32 backward
- * 1M x 64 0.85 / 0.81 / 0.86, 699050x96 0.85 / 0.86 / 0.83; float64 1M x 32 0.87 / 0.83 / 0.80.
- * Left out: the 16-bit forward's shorter rows and the 16-bit backward, which gained on the
- * 2-core Xeon but not on the 16-core one (bfloat16 forward 1M x 64 0.78 / 0.77 there, 1.04 to
- * 1.14 here at 1 and 4 threads; backward 1M x 64 0.76 / 0.75 there, 0.94 / 1.07 / 0.98 here,
- * 524288x128 0.66 / 0.67 there, 1.11 / 1.11 / 1.04 here); 16-bit rows of 64 bytes (bfloat16 2M
- * x 32 forward 1.10, add 1.05 on the 2-core Xeon) and of 1 KiB (1.06 to 1.10 against the partial
- * lines' rule); the AVX2 kernels' 16-bit rows (1.04 to 1.07); the float32 forward and add (1M x
- * 64, 1.09 and 1.12); float32 backward rows of 32 bytes (8M x 8, 2.3). See benchmarks/NOTES.md. */
-static int lined(const void *p, ptrdiff_t stride, size_t k, size_t es, size_t bytes, int pass) {
-    const rms_isa_table *isa = rms_isa_current();
-    size_t rb = k * es;
-    if (!(RMS_NT_EDGES && isa->stream_lines && rms_cpu_stream_edges(es, rb) &&
-          bytes >= stream_bytes && stride == (ptrdiff_t)k && (uintptr_t)p % 64 != 0 &&
-          (uintptr_t)p % es == 0))
-        return 0;
-    if (es == 2)
-        return pass != LINE_BWD && rb <= RMS_LINE_16_MAX && rb >= isa->stream_row_16 &&
-               rb >= (pass == LINE_ADD ? RMS_LINE_16_MIN : RMS_LINE_16_MAX);
-    return pass == LINE_BWD && rb >= RMS_LINE_MIN && rb < RMS_STREAM_ROW_EDGE_BWD;
-}
-
-/* The kernel flags of the CPU's choices for rows of row_bytes in the forward and the add
- * (backward 0) or the backward (1) on nt threads: the hardware prefetch and the fusing of rows
- * (dispatch.h). */
-static int cpu_row_flags(int backward, size_t row_bytes, int nt) {
-    return (rms_cpu_hw_prefetch(row_bytes) ? RMS_HW_PREFETCH : 0) |
-           (rms_cpu_fuse_32() ? 0 : RMS_NO_FUSE_32) |
-           (rms_cpu_fuse_16(backward, row_bytes, nt) ? RMS_FUSE_16 : 0);
-}
-
-int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
+int rms_forward(const rms_isa_table *isa, const rms_fwd_args *a, int nthreads,
                 const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
-    if (total == 0)
+    if (total == 0) {
+        __atomic_store_n(&last_team, 1, __ATOMIC_RELAXED);
         return 0;
-    int nt = team_size(total, pool_threads(pool, nthreads));
-    int flags = (a->flags & ~RMS_W_OWN) | cpu_row_flags(0, a->k * es, nt);
-    if (a->r && a->k * es >= (es >= 4 ? early_h_bytes : early_h_bytes_16))
-        flags |= RMS_EARLY_H;
-    size_t bytes = total * es * (a->r ? 2 : 1);
-    size_t min_row = a->r || es < 4 ? RMS_STREAM_ROW : RMS_STREAM_ROW_FWD;
-    int pass = a->r ? LINE_ADD : LINE_FWD;
-    if (lined(a->y, a->ys, a->k, es, bytes, pass) &&
-        (!a->r || (lined(a->h, a->hs, a->k, es, bytes, pass) &&
-                   (uintptr_t)a->h % 64 == (uintptr_t)a->y % 64))) {
-        flags |= RMS_LINED;
-    } else if (streamable(a->y, a->ys, a->k, es, bytes, min_row, 0) &&
-               (!a->r || streamable(a->h, a->hs, a->k, es, bytes, min_row, 0))) {
-        flags |= RMS_STREAM;
-        /* outputs whose rows do not start on lines, streamed by the partial lines' rule (see
-         * streamable): the loops the kernels compile for constant row lengths keep plain
-         * partial lines, so such rows take the general loop instead (RMS_ANY_K) */
-        if (RMS_NT_EDGES && rms_cpu_stream_edges(es, a->k * es) &&
-            !(on_lines(a->y, a->ys, es) && (!a->r || on_lines(a->h, a->hs, es))))
-            flags |= RMS_ANY_K;
     }
-    if (!a->r && (flags & RMS_STREAM)) /* outputs too large to stay in the cache */
-        flags |= rms_cpu_fwd_flags(nt);
-    own_w ow;
-    if (own_w_open(&ow, kt, a->w, a->w_offset, a->k, a->flags, nt) < 0)
+    int nt = team_size(total, nthreads, pool, a->m > 1 ? total : a->k / 16 + 1);
+    fwd_job *j = malloc(sizeof *j);
+    void *own_w;
+    if (!j || compute_weights(isa, a->dtype, a->w, a->w_dtype, a->w_offset, a->k, nthreads,
+                              &j->w, &own_w) < 0) {
+        free(j);
         return -1;
-    if (nt <= 1) { /* the rows of fwd_phase's one member, without its split */
-        rms_fwd_args mine = *a;
-        own_w_take(&ow, 0, 0, &mine.w, &mine.flags);
-        fwd_any(kt, &mine, 0, a->m, flags, es);
-    } else {
-        fwd_job j; /* sh[t] is member t's to write in phase 0: not zeroed, 20 KiB a call */
-        j.kt = kt;
-        j.a = a;
-        j.flags = flags;
-        j.rstd_apart = writes_inputs(a);
-        j.ow = ow;
-        run_team(nt, 2 + j.rstd_apart, fwd_phase, rstd_phase, &j, pool);
     }
-    rows_free(ow.rows);
+    j->kt = &isa->k[a->dtype];
+    j->a = a;
+    j->flags = (a->flags & RMS_CAST_BEFORE) |
+               (total * es * (a->r ? 2 : 1) >= rms_stream_bytes(NULL) ? RMS_STREAM : 0);
+    j->by_rows = nt == 1 || split_by_rows(a->m, nt);
+    run_team(nt, j->by_rows ? 1 : 3, fwd_phase, fwd_skip, j, pool);
+    free(own_w);
+    free(j);
     return 0;
 }
 
-/* Backward. Each thread accumulates dgamma into its own row of a [threads x k] buffer over the
- * columns it touches; the rows are then summed column-parallel in thread order. */
-static void bwd_call(const void *ctx, size_t r0, size_t r1, char *const *out) {
-    const rows_ctx *c = ctx;
-    const rms_bwd_args *a = c->ba;
-    size_t es = c->es;
-    c->kt->bwd_rows(AT(a->dy, r0, a->dys, 0, es), a->dys, AT(a->x, r0, a->xs, 0, es), a->xs,
-                    out[0], out_stride(c->flags, a->k, a->dxs), a->w,
-                    (const char *)a->rstd + r0 * c->cs, c->dg, r1 - r0, a->k,
-                    call_flags(c->flags));
-}
-
-/* Bytes of one dgamma entry: the compute type's, or x's with RMS_DG_NARROW (one row). */
-static size_t dg_size(const rms_bwd_args *a) {
-    return (a->flags & RMS_DG_NARROW) && a->m == 1 ? rms_esize(a->dtype) : csize(a->dtype);
-}
-
-/* dx over columns [c0, c0 + n) of row i with the row's rstd r and c = mean(dy * w * xhat), its
- * dgamma terms into dg (entries of dgs bytes, for column c0 on), backwards for long pieces. */
-static void bwd_piece(const rms_kernels *kt, const rms_bwd_args *a, size_t i, size_t c0,
-                      size_t n, double r, double c, char *dg, size_t dgs, int flags, int back) {
-    size_t es = rms_esize(a->dtype), ws = wsize(a->dtype, a->flags);
-    const char *dy = AT(a->dy, i, a->dys, c0, es), *x = AT(a->x, i, a->xs, c0, es);
-    const char *w = a->w ? (const char *)a->w + c0 * ws : NULL;
-    char *dx = AT(a->dx, i, a->dxs, c0, es);
-    for (size_t e = n, b; e > 0; e = b) {
-        b = back_start(e, n, dx, es, back);
-        kt->bwd(dy + b * es, x + b * es, w ? w + b * ws : NULL, dx + b * es, r, c,
-                dg ? dg + b * dgs : NULL, e - b, flags & ~RMS_LINED);
-    }
-}
-
-static void bwd_rows(const rms_kernels *kt, const rms_bwd_args *a, size_t r0, size_t r1,
-                     void *dg, size_t es, size_t cs, int flags) {
-    if (r1 <= r0)
-        return;
-    /* a single long row: its dot product, then dx backwards (see back_start); runs of them are
-     * fused across rows by the kernels, which measured faster (float32 64x524288 took 1.08 /
-     * 1.08 of the time backwards, one / two threads) */
-    if (r1 - r0 == 1 && a->k * es >= back_bytes && !(flags & RMS_LINED)) {
-        double r = load_c(a->rstd, r0, a->dtype == RMS_F64);
-        double d = kt->dot(AT(a->dy, r0, a->dys, 0, es), AT(a->x, r0, a->xs, 0, es), a->w, r,
-                           a->k, a->flags);
-        bwd_piece(kt, a, r0, 0, a->k, r, d / (double)a->k, dg, dg_size(a), flags, 1);
-        return;
-    }
-    rows_ctx c = {kt, NULL, a, dg, flags, es, cs};
-    char *dst[1] = {AT(a->dx, r0, a->dxs, 0, es)};
-    if (flags & RMS_LINED)
-        line_rows(bwd_call, &c, r0, r1, a->k * es, dst, 1);
-    else
-        bwd_call(&c, r0, r1, dst);
-}
-
-/* Columns [lo, hi) of the dgamma row that thread share s writes. */
-static void touched(const share *s, size_t k, size_t *lo, size_t *hi) {
-    *lo = k;
-    *hi = 0;
-    if (s->r1 > s->r0) {
-        *lo = 0;
-        *hi = k;
-    }
-    for (int j = 0; j < 2; j++) {
-        const piece *p = &s->p[j];
-        if (p->row == RMS_NONE)
-            continue;
-        *lo = p->c0 < *lo ? p->c0 : *lo;
-        *hi = p->c1 > *hi ? p->c1 : *hi;
-    }
-}
-
-/* d[lo..hi) += s[lo..hi): with restrict pointers of their own, so that the compiler need not
- * reload them after every store (the build does not assume strict aliasing) and vectorizes the
- * loop. */
-static void add_row_f32(float *restrict d, const float *restrict s, size_t lo, size_t hi) {
-    for (size_t j = lo; j < hi; j++)
-        d[j] += s[j];
-}
-
-static void add_row_f64(double *restrict d, const double *restrict s, size_t lo, size_t hi) {
-    for (size_t j = lo; j < hi; j++)
-        d[j] += s[j];
-}
-
-static void reduce_columns(const rms_bwd_args *a, const char *parts, const share *sh, int nt,
-                           size_t c0, size_t c1) {
-    int f64 = a->dtype == RMS_F64;
-    size_t cs = csize(a->dtype);
-    void *dgamma = a->dgamma;
-    memset((char *)dgamma + c0 * cs, 0, (c1 - c0) * cs);
-    for (int t = 0; t < nt; t++) {
-        size_t lo, hi;
-        touched(&sh[t], a->k, &lo, &hi);
-        lo = lo > c0 ? lo : c0;
-        hi = hi < c1 ? hi : c1;
-        const char *row = parts + (size_t)t * dg_pitch(a->k, cs);
-        if (f64)
-            add_row_f64(dgamma, (const double *)row, lo, hi);
-        else
-            add_row_f32(dgamma, (const float *)row, lo, hi);
-    }
-}
-
-/* dgamma's columns [c0, c1), final, rounded into dgamma_x where the caller asks for it. */
-static void dg_narrow(const rms_kernels *kt, const rms_bwd_args *a, size_t c0, size_t c1) {
-    if (a->dgamma_x && c1 > c0)
-        kt->narrow((const char *)a->dgamma + c0 * csize(a->dtype),
-                   (char *)a->dgamma_x + c0 * rms_esize(a->dtype), c1 - c0);
-}
+/* ---------------------------------------------------------------- backward without dgamma */
 
 typedef struct {
     const rms_kernels *kt;
     const rms_bwd_args *a;
-    char *dg_rows; /* the [threads x k] partial dgamma rows, or NULL without a weight */
-    int flags;
-    own_w ow;
+    const void *w;
+    int flags, by_rows;
     share sh[RMS_MAX_THREADS];
 } bwd_job;
 
-/* Phase 0: the partial rows' dot products, then the whole rows. Phase 1: the partial rows.
- * Phase 2 (with dg_rows): dgamma, summed column-parallel in thread order. */
+/* Phase 0: the pieces' dot products, and the whole rows. Phase 1: the pieces' dx. */
 static void bwd_phase(void *job, int t, int nt, int phase) {
     bwd_job *j = job;
+    const rms_bwd_args *a = j->a;
     const rms_kernels *kt = j->kt;
-    rms_bwd_args mine = *j->a; /* with member t's weight */
-    own_w_take(&j->ow, t, phase, &mine.w, &mine.flags);
-    const rms_bwd_args *a = &mine;
     size_t es = rms_esize(a->dtype), cs = csize(a->dtype), k = a->k;
     int f64 = a->dtype == RMS_F64;
-    char *dg = j->dg_rows ? j->dg_rows + (size_t)t * dg_pitch(k, cs) : (char *)a->dgamma;
     if (phase == 0) {
-        share s = split(a->m * k, k, t, nt);
-        if (j->dg_rows) {
-            size_t lo, hi;
-            touched(&s, k, &lo, &hi);
-            if (hi > lo) {
-                memset(dg + lo * cs, 0, (hi - lo) * cs);
-                touch_after(dg + hi * cs);
-            }
-        }
+        share s = split(a->m, k, t, nt, j->by_rows);
         for (int i = 0; i < 2; i++) {
             piece *p = &s.p[i];
-            if (p->row == RMS_NONE)
-                continue;
-            const char *w = a->w ? (const char *)a->w + p->c0 * wsize(a->dtype, a->flags) : NULL;
-            p->s = kt->dot(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es),
-                           w, load_c(a->rstd, p->row, f64), p->c1 - p->c0, a->flags);
+            if (p->row != RMS_NONE)
+                p->s = kt->dot(AT(a->dy, p->row, a->dys, p->c0, es),
+                               AT(a->x, p->row, a->xs, p->c0, es),
+                               j->w ? (const char *)j->w + p->c0 * cs : NULL, p->c1 - p->c0);
         }
         j->sh[t] = s;
-        bwd_rows(kt, a, s.r0, s.r1, dg, es, cs, j->flags);
-    } else if (phase == 1) {
-        for (int i = 0; i < 2; i++) {
-            const piece *p = &j->sh[t].p[i];
-            if (p->row == RMS_NONE)
-                continue;
-            bwd_piece(kt, a, p->row, p->c0, p->c1 - p->c0, load_c(a->rstd, p->row, f64),
-                      row_sum(j->sh, nt, p->row) / (double)k, dg ? dg + p->c0 * cs : NULL, cs,
-                      j->flags, one_piece(&j->sh[t]));
-        }
-    } else {
-        size_t c0 = k * (size_t)t / (size_t)nt, c1 = k * (size_t)(t + 1) / (size_t)nt;
-        reduce_columns(a, j->dg_rows, j->sh, nt, c0, c1);
-        dg_narrow(kt, a, c0, c1);
+        if (s.r1 > s.r0)
+            kt->bwd(AT(a->dy, s.r0, a->dys, 0, es), a->dys, AT(a->x, s.r0, a->xs, 0, es), a->xs,
+                    AT(a->dx, s.r0, a->dxs, 0, es), a->dxs, j->w,
+                    (const char *)a->rstd + s.r0 * cs, NULL, s.r1 - s.r0, k, j->flags);
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        const piece *p = &j->sh[t].p[i];
+        if (p->row == RMS_NONE)
+            continue;
+        double r = load_c(a->rstd, p->row, f64);
+        double c = rms_bwd_c(row_sum(j->sh, nt, p->row), r, k);
+        kt->bwd_piece(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es),
+                      j->w ? (const char *)j->w + p->c0 * cs : NULL,
+                      AT(a->dx, p->row, a->dxs, p->c0, es), r, f64 ? c : (double)(float)c, NULL,
+                      p->c1 - p->c0, j->flags);
     }
 }
 
-/* Few rows: the team splits the columns instead of the rows. Phase 0: each member's dot
- * products over its columns of every row (and its columns of dgamma zeroed). Phase 1: dx over
- * its columns, row by row, with dgamma's columns gaining the rows' terms in row order, exactly
- * as on one thread. No partial dgamma rows to zero, fill and reduce: for a few long rows on
- * many threads those cost more than the rows themselves. */
+/* ---------------------------------------------------------------- backward with dgamma
+ * The rows are cut into P leaves (a power of two that depends on m alone), and dgamma is the
+ * sum of the leaves' partial rows along the binary tree over them: node (l, i), stored at
+ * index (P >> l) + i, covers leaves [i << l, (i + 1) << l). With as many members as leaves or
+ * fewer, a member takes a run of whole leaves and adds up the nodes that lie inside its run as
+ * it goes (a binary counter); with more, each leaf's columns are split among its members. A
+ * last phase adds up the remaining nodes, the members splitting the columns. Either way every
+ * column of every leaf gains its rows' terms in row order, and the leaves meet in the same
+ * tree, so the bits do not depend on the team. */
+#define RMS_LEAVES_MAX 64
+#define RMS_LEAF_ROWS 4 /* the fewest rows a leaf has where there are several */
+#define RMS_STACK (2 * 6 + 2) /* a member's nodes at once: 2 log2(RMS_LEAVES_MAX) + 2 */
+
+static size_t leaves_for(size_t m) {
+    size_t p = 1;
+    while (p * 2 <= RMS_LEAVES_MAX && p * 2 * RMS_LEAF_ROWS <= m)
+        p *= 2;
+    return p;
+}
+
 typedef struct {
     const rms_kernels *kt;
+    const rms_isa_table *isa;
     const rms_bwd_args *a;
-    double *dots; /* [nt x m]: member t's dot products of the rows over its columns */
+    const void *w;
     int flags;
-    own_w ow;
-    char *dg_rows; /* several rows: member t's columns of dgamma, accumulated at t * dg_pitch */
-} cols_job;
+    size_t leaves, pitch, dots_n;
+    char *rows;      /* members' rows: RMS_STACK each (whole leaves), or one a leaf */
+    char **node;     /* [2 * leaves]: each finished node's row, or NULL */
+    double *dots;    /* [members x dots_n]: split leaves' dot products by member */
+    void *dg;        /* dgamma in the compute type (a->dgamma, or a row of ours) */
+} dg_job;
 
-static void cols_phase(void *job, int t, int nt, int phase) {
-    cols_job *j = job;
-    rms_bwd_args mine = *j->a; /* with member t's weight */
-    own_w_take(&j->ow, t, phase, &mine.w, &mine.flags);
-    const rms_bwd_args *a = &mine;
-    size_t es = rms_esize(a->dtype), lo, hi;
+static void rows_add(void *dst, const void *src, size_t c0, size_t c1, int f64) {
+    if (f64) {
+        double *d = dst;
+        const double *s = src;
+        for (size_t c = c0; c < c1; c++)
+            d[c] += s[c];
+    } else {
+        float *d = dst;
+        const float *s = src;
+        for (size_t c = c0; c < c1; c++)
+            d[c] += s[c];
+    }
+}
+
+/* The leaves' rows [*r0, *r1), and a leaf's members [*t0, *t1) when there are more members. */
+static void leaf_rows(const dg_job *j, size_t leaf, size_t *r0, size_t *r1) {
+    chunk(j->a->m, (int)leaf, (int)j->leaves, 1, r0, r1);
+}
+
+static void leaf_members(const dg_job *j, size_t leaf, int nt, int *t0, int *t1) {
+    *t0 = (int)((size_t)nt * leaf / j->leaves);
+    *t1 = (int)((size_t)nt * (leaf + 1) / j->leaves);
+}
+
+/* Member t's whole leaves, each into a row of its own, adding up sibling nodes as they finish. */
+static void dg_leaves(dg_job *j, int t, int nt) {
+    const rms_bwd_args *a = j->a;
+    size_t es = rms_esize(a->dtype), cs = csize(a->dtype), lo, hi;
     int f64 = a->dtype == RMS_F64;
-    chunk(a->k, t, nt, 32, &lo, &hi);
-    const char *w = a->w ? (const char *)a->w + lo * wsize(a->dtype, a->flags) : NULL;
-    char *out = a->dgamma ? (char *)a->dgamma + lo * dg_size(a) : NULL;
-    char *dg = j->dg_rows ? j->dg_rows + (size_t)t * dg_pitch(a->k, dg_size(a)) : out;
-    for (size_t i = 0; i < a->m; i++) {
+    char *mine = j->rows + (size_t)t * RMS_STACK * j->pitch;
+    char *free_rows[RMS_STACK];
+    int nfree = 0, depth = 0;
+    struct {
+        size_t id; /* the heap index of the node */
+        char *row;
+    } stack[RMS_STACK];
+    for (int i = RMS_STACK - 1; i >= 0; i--)
+        free_rows[nfree++] = mine + (size_t)i * j->pitch;
+    chunk(j->leaves, t, nt, 1, &lo, &hi);
+    for (size_t leaf = lo; leaf < hi; leaf++) {
+        size_t r0, r1;
+        leaf_rows(j, leaf, &r0, &r1);
+        char *row = free_rows[--nfree];
+        j->kt->bwd(AT(a->dy, r0, a->dys, 0, es), a->dys, AT(a->x, r0, a->xs, 0, es), a->xs,
+                   AT(a->dx, r0, a->dxs, 0, es), a->dxs, j->w, (const char *)a->rstd + r0 * cs,
+                   row, r1 - r0, a->k, j->flags | RMS_DG_STORE);
+        size_t id = j->leaves + leaf;
+        /* a right child whose left sibling is below it on the stack: the two make their parent */
+        while (depth > 0 && (id & 1) && stack[depth - 1].id == id - 1) {
+            char *left = stack[--depth].row;
+            rows_add(left, row, 0, a->k, f64);
+            free_rows[nfree++] = row;
+            row = left;
+            id >>= 1;
+        }
+        stack[depth].id = id;
+        stack[depth++].row = row;
+    }
+    for (int i = 0; i < depth; i++)
+        j->node[stack[i].id] = stack[i].row;
+}
+
+/* A leaf split among members [t0, t1): phase 0 their dot products over their columns, phase 1
+ * their columns of dx and of the leaf's dgamma row. */
+static void dg_split_leaf(dg_job *j, size_t leaf, int t, int t0, int t1, int phase) {
+    const rms_bwd_args *a = j->a;
+    size_t es = rms_esize(a->dtype), cs = csize(a->dtype), r0, r1, c0, c1;
+    int f64 = a->dtype == RMS_F64;
+    leaf_rows(j, leaf, &r0, &r1);
+    chunk(a->k, t - t0, t1 - t0, a->k >= (size_t)(t1 - t0) * 64 ? 16 : 1, &c0, &c1);
+    char *row = j->rows + leaf * j->pitch;
+    const char *w = j->w ? (const char *)j->w + c0 * cs : NULL;
+    double *dots = j->dots + (size_t)t * j->dots_n;
+    for (size_t i = r0; i < r1; i++) {
         if (phase == 0) {
-            j->dots[(size_t)t * a->m + i] =
-                hi > lo ? j->kt->dot(AT(a->dy, i, a->dys, lo, es), AT(a->x, i, a->xs, lo, es),
-                                     w, load_c(a->rstd, i, f64), hi - lo, a->flags)
-                        : 0.0;
+            dots[i - r0] = c1 > c0 ? j->kt->dot(AT(a->dy, i, a->dys, c0, es),
+                                                AT(a->x, i, a->xs, c0, es), w, c1 - c0)
+                                   : 0.0;
             continue;
         }
-        if (hi <= lo)
-            continue;
-        double c = 0.0;
-        for (int u = 0; u < nt; u++) /* in member order, so every member agrees */
-            c += j->dots[(size_t)u * a->m + i];
-        bwd_piece(j->kt, a, i, lo, hi - lo, load_c(a->rstd, i, f64), c / (double)a->k, dg,
-                  dg_size(a), j->flags, a->m == 1);
+        double s = 0.0, r = load_c(a->rstd, i, f64);
+        for (int u = t0; u < t1; u++) /* in member order, so every member agrees */
+            s += j->dots[(size_t)u * j->dots_n + i - r0];
+        double c = rms_bwd_c(s, r, a->k);
+        if (c1 > c0)
+            j->kt->bwd_piece(AT(a->dy, i, a->dys, c0, es), AT(a->x, i, a->xs, c0, es), w,
+                             AT(a->dx, i, a->dxs, c0, es), r, f64 ? c : (double)(float)c,
+                             row + c0 * cs, c1 - c0, j->flags | (i == r0 ? RMS_DG_STORE : 0));
     }
-    if (phase == 0 && dg && !(j->flags & RMS_DG_STORE) && hi > lo) {
-        memset(dg, 0, (hi - lo) * dg_size(a));
-        if (dg != out) /* a row of the member's own */
-            touch_after(dg + (hi - lo) * dg_size(a));
-    }
-    if (phase == 1 && dg != out && hi > lo)
-        memcpy(out, dg, (hi - lo) * dg_size(a));
-    if (phase == 1)
-        dg_narrow(j->kt, a, lo, hi);
+    if (phase == 1 && t == t0)
+        j->node[j->leaves + leaf] = row;
 }
 
-/* Split the columns for up to 16 rows, or for more when each member's columns are long (1024
- * or more), its rows would have taken no more than 8 of their own partial dgamma rows' bytes,
- * and its columns of dy and x stay in the cache between the two phases (1 MiB, half an L2).
- * Past that the row split wins: the rows' partial dgamma rows cost less than the columns'
- * second reading of dy and x, and 32- and 64-bit rows go two at a time. Measured on 2 to 16
- * threads for 4 to 256 rows of 4096 to 262144. */
-static int split_columns(const rms_bwd_args *a, int nt) {
-    size_t es = rms_esize(a->dtype), cols = a->k / (size_t)nt;
-    if (a->m <= 16)
-        return 1;
-    return cols >= 1024 && a->m * es <= (size_t)nt * 8 * csize(a->dtype) &&
-           a->m * cols * es * 2 <= ((size_t)1 << 20);
+/* The node's sum over columns [c0, c1), in the row of its leftmost stored descendant. */
+static char *dg_eval(const dg_job *j, size_t id, size_t c0, size_t c1, int f64) {
+    if (j->node[id])
+        return j->node[id];
+    char *left = dg_eval(j, 2 * id, c0, c1, f64);
+    rows_add(left, dg_eval(j, 2 * id + 1, c0, c1, f64), c0, c1, f64);
+    return left;
 }
 
-/* The backward on nt members that split the columns (cols_phase). Where a member's columns of
- * dgamma take RMS_COLS_OWN_DG bytes or less, and no more than RMS_COLS_OWN_DG_ROW a row, the
- * members accumulate them in rows of their own, on pages of their own (as dg_pitch says why),
- * and copy them into dgamma at the end: in dgamma itself, each member's columns ended on the
- * next member's, and the lines across that boundary went between the cores on every row. The
- * copy costs as much as the columns. 2-core Xeon, two threads, two builds alternating, both
- * orders, new time over old: bfloat16 8x4096 0.86, 16x4096 0.82, 16x8192 0.88, 4x8192 0.95,
- * float16 16x4096 0.77, float32 8x4096 0.94, 16x4096 0.93; left as they were, bfloat16
- * 29x17389 (34 KiB a member) 1.01, 4x262144 1.01; lost that way, 2x16384 (32 KiB a member, 16
- * a row) 1.09, 4x16384 1.02. */
-#define RMS_COLS_OWN_DG 32768
-#define RMS_COLS_OWN_DG_ROW 4096
-static int bwd_cols(const rms_kernels *kt, const rms_bwd_args *a, int nt, int flags,
-                    const own_w *ow, const rms_pool *pool) {
-    size_t cs = csize(a->dtype), bytes = a->k * cs / (size_t)nt; /* a member's, about */
-    int own_dg = a->m > 1 && bytes <= RMS_COLS_OWN_DG && bytes <= a->m * RMS_COLS_OWN_DG_ROW;
-    double *dots = malloc(a->m * (size_t)nt * sizeof(double));
-    char *dg_rows = NULL;
-    if (!dots || (own_dg && !(dg_rows = member_rows(nt, a->k, cs)))) {
-        free(dots);
-        return -1;
+static void dg_phase(void *job, int t, int nt, int phase) {
+    dg_job *j = job;
+    const rms_bwd_args *a = j->a;
+    if (phase < 2 && (size_t)nt <= j->leaves) {
+        if (phase == 0)
+            dg_leaves(j, t, nt);
+        return;
     }
-    cols_job j = {kt, a, dots, flags, *ow, dg_rows};
-    run_team(nt, 2, cols_phase, NULL, &j, pool);
-    rows_free(dg_rows);
-    free(dots);
-    return 0;
-}
-
-/* On one thread, a backward of RMS_OWN_DG_ROWS rows or more accumulates dgamma in a row of the
- * driver's own (member_rows, on pages of its own), copied into dgamma at the end, as the members
- * of a team do: accumulated in dgamma's array itself, which NumPy places among other small
- * blocks, the one-thread backward ran at one of two speeds, fixed for a process, depending on
- * where that array fell. AMD EPYC (Zen 4, AVX-512), one thread, page-aligned arrays, two builds
- * alternating in one process, the same bits: bfloat16 262144x256 took 42 to 59 ms in four
- * processes with the array in dgamma, 19 to 29 ms with the row (new over old 0.39 to 0.50);
- * float16 65536x1024 in eight processes 15.4 to 23.4 ms before, 15.1 to 16.9 ms after; bfloat16
- * 65536x1024 0.74 / 0.85, float16 8192x8192 0.74 / 0.75, float32 8192x8192 0.88 / 0.90 in two
- * more. On a 16-core Intel Xeon (AVX-512), one thread, the same within noise (seven shapes, 0.94
- * to 1.02). With fewer rows the row's zeroing and copy cost more than they save (float32 and
- * bfloat16 rows of 512 bytes to 16 KiB, in cache: 2 rows 1.10 to 1.12 of the time, 8 rows 1.01
- * to 1.04, 16 and 64 rows 0.96 to 1.02), and so does a row too long to be kept for the next call
- * (RMS_KEEP_BYTES), which every call maps and faults in again (float32 16x2097152, a row of 8 MiB:
- * 1.02 to 1.05 of the time). */
-#define RMS_OWN_DG_ROWS 16
-/* The backward on nt members that split the rows (bwd_phase), or on the calling thread. */
-static int bwd_split(const rms_kernels *kt, const rms_bwd_args *a, int nt, int flags,
-                     const own_w *ow, const rms_pool *pool) {
-    size_t cs = csize(a->dtype), es = rms_esize(a->dtype);
-    if (nt <= 1) { /* the rows of bwd_phase's one member, without its split */
-        rms_bwd_args mine = *a;
-        own_w_take(ow, 0, 0, &mine.w, &mine.flags);
-        int own = a->m >= RMS_OWN_DG_ROWS && a->dgamma && rows_bytes(1, a->k, cs) <= RMS_KEEP_BYTES;
-        char *dg = own ? member_rows(1, a->k, cs) : NULL, *acc = dg ? dg : a->dgamma;
-        if (a->m > 1 && acc)
-            memset(acc, 0, a->k * cs);
-        if (dg)
-            touch_after(dg + a->k * cs);
-        bwd_rows(kt, &mine, 0, a->m, acc, es, cs, flags);
-        if (dg) {
-            memcpy(a->dgamma, dg, a->k * cs);
-            rows_free(dg);
+    if (phase < 2) {
+        for (size_t leaf = 0; leaf < j->leaves; leaf++) {
+            int t0, t1;
+            leaf_members(j, leaf, nt, &t0, &t1);
+            if (t >= t0 && t < t1)
+                dg_split_leaf(j, leaf, t, t0, t1, phase);
         }
-        dg_narrow(kt, a, 0, a->k);
-        return 0;
+        return;
     }
-    if (a->m > 1 && a->dgamma)
-        memset(a->dgamma, 0, a->k * cs);
-    char *dg_rows = NULL;
-    if (a->dgamma && !(dg_rows = member_rows(nt, a->k, cs)))
-        return -1;
-    bwd_job j; /* sh[t] is member t's to write in phase 0, as in rms_forward */
-    j.kt = kt;
-    j.a = a;
-    j.dg_rows = dg_rows;
-    j.flags = flags;
-    j.ow = *ow;
-    run_team(nt, dg_rows ? 3 : 2, bwd_phase, NULL, &j, pool);
-    rows_free(dg_rows);
-    return 0;
+    size_t cs = csize(a->dtype), c0, c1;
+    int f64 = a->dtype == RMS_F64;
+    chunk(a->k, t, nt, a->k >= (size_t)nt * 64 ? 16 : 1, &c0, &c1);
+    if (c1 <= c0)
+        return;
+    const char *sum = dg_eval(j, 1, c0, c1, f64);
+    if (a->dg_dtype == compute_dtype(a->dtype))
+        memcpy((char *)a->dgamma + c0 * cs, sum + c0 * cs, (c1 - c0) * cs);
+    else
+        j->isa->k[a->dg_dtype].narrow(sum + c0 * cs,
+                                      (char *)a->dgamma + c0 * rms_esize(a->dg_dtype), c1 - c0);
 }
 
-/* Whether consecutive rows s elements of es bytes apart start within 256 bytes of the same
- * offset in a 4 KiB page. */
-static int rows_alias(ptrdiff_t s, size_t es) {
-    size_t b = (size_t)(s < 0 ? -s : s) * es % 4096;
-    return b < 256 || b > 4096 - 256;
+/* Phase 1 serves only leaves split among members. */
+static int dg_skip(const void *job, int nt, int phase) {
+    const dg_job *j = job;
+    return phase == 1 && (size_t)nt <= j->leaves;
 }
 
-/* The backward pairs 32- and 64-bit rows, and long 16-bit rows on AVX-512, in kernels with 32
- * vector registers (RMS_ROW_PAIRS: see bwd_loop in rows_add_bwd.h), except where two rows of dy, x
- * or dx share their page offsets and are shorter than rms_cpu_pairs() allows. On an AMD EPYC (Zen
- * 3), whose AVX2 kernels never pair, such rows measured slower in pairs (one thread, float32, in
- * pairs -> one at a time, ratio to a triad: 8192x4096 1.39 -> 0.99, 16384x1024 1.72 -> 0.94,
- * 2048x16384 2.12 -> 1.37), and so did rows that share no page offset. On an AMD EPYC (Zen 4), one
- * thread, page-aligned arrays, ratio to two copies, one at a time -> in pairs, rows of 32 KiB and
- * more gained (8192x8192 1.12-1.27 -> 1.08-1.21, 4096x12288 1.47-1.54 -> 1.32-1.40, 4096x16384
- * 1.20-1.24 -> 1.19-1.21) and shorter ones lost (16384x4096 1.12-1.15 -> 1.26-1.30, 65536x1024
- * 1.20-1.27 -> 1.63-1.67). On a Zen 5 EPYC (1 MiB of L2 a core, 48 KiB of L1d), the two
- * alternating in one process, page-aligned, in pairs over one at a time at one / two threads, rows
- * from 12 KiB gained (float32 8192x3072 0.92 / 0.99, 8192x4096 0.91-0.97 / 0.97-0.98, 16384x4096
- * 0.92 / 0.97, 4096x6144 0.97 / 1.02; float64 8192x2048 0.94 / 0.96; in cache, 8x4096 0.90) and
- * shorter ones lost (float32 16384x2048 1.06 / 1.03, 32768x1024 1.24 / 1.15), so they pair from 12
- * KiB there (16-bit rows, fused on AMD CPUs, the same within 0.02). On Intel CPUs, 32- and 64-bit
- * rows of 32 to 128 KiB go one at a time (rms_cpu_pairs). A 2-core Xeon (AVX-512, 2 MiB of L2 a
- * core), two choices alternating in one process, page-aligned arrays, time one at a time over in
- * pairs at one / two threads: float32 8192x8192 0.93-0.94 / 0.94, 4096x12288 0.92-0.95 /
- * 0.94-0.97, 2048x16384 0.97-0.98 / 0.97; float64 8192x4096 0.95 / 0.96, 4096x8192 0.96 / 0.95.
- * Shorter and longer rows measured faster in pairs (float32 16384x4096 1.04-1.05 / 1.00-1.03,
- * 65536x1024 1.16 / 1.16; float64 2048x16384 1.13 / 1.10), and so did 16-bit rows (bfloat16 and
- * float16 8192x8192 to 1024x32768 1.01 to 1.09). The 16-core Xeon (the same caches a core)
- * measured the two the same within its noise (one / four threads: float32 8192x8192 1.01-1.03 /
- * 1.01, 4096x12288 1.01 / 1.00; float64 4096x8192 0.86-1.11 / 1.05, 8192x4096 1.01 / 1.02). */
-int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
-                 const rms_pool *pool) {
-    size_t total = a->m * a->k, es = rms_esize(a->dtype);
-    int nt = team_size(total, pool_threads(pool, nthreads)), cols = 0;
-    int flags = (a->flags & RMS_W_STORAGE) | cpu_row_flags(1, a->k * es, nt) |
-                (rms_cpu_near_16() ? RMS_NEAR_16 : 0);
-    if (rms_cpu_pairs(a->k * es, es,
-                      rows_alias(a->dys, es) || rows_alias(a->xs, es) || rows_alias(a->dxs, es)))
-        flags |= RMS_ROW_PAIRS;
-    if (lined(a->dx, a->dxs, a->k, es, total * es, LINE_BWD))
-        flags |= RMS_LINED;
-    else if (streamable(a->dx, a->dxs, a->k, es, total * es, RMS_STREAM_ROW,
-                        RMS_STREAM_ROW_EDGE_BWD))
-        flags |= RMS_STREAM;
-    if (a->m == 1) /* one row: dgamma = dy * xhat, stored, not accumulated */
-        flags |= RMS_DG_STORE | (a->flags & RMS_DG_NARROW);
-    if (total == 0) {
-        if (a->dgamma) /* no rows: dgamma is zeros */
-            memset(a->dgamma, 0, a->k * dg_size(a));
-        if (a->dgamma_x)
-            memset(a->dgamma_x, 0, a->k * es);
-        return 0;
+static int bwd_dgamma(const rms_isa_table *isa, const rms_bwd_args *a, const void *w, int flags,
+                      int nthreads, const rms_pool *pool) {
+    size_t total = a->m * a->k, cs = csize(a->dtype);
+    size_t leaves = leaves_for(a->m);
+    int nt = team_size(total, nthreads, pool, a->m * (a->k / 16 + 1));
+    dg_job j = {&isa->k[a->dtype], isa, a, w, flags, leaves, row_pitch(a->k * cs), 0,
+                NULL, NULL, NULL, NULL};
+    size_t nrows = (size_t)nt <= leaves ? (size_t)nt * RMS_STACK : leaves;
+    j.dots_n = (size_t)nt > leaves ? (a->m + leaves - 1) / leaves : 0;
+    j.rows = scratch_rows(nrows, a->k * cs);
+    j.node = calloc(2 * leaves, sizeof *j.node);
+    j.dots = j.dots_n ? malloc((size_t)nt * j.dots_n * sizeof(double)) : NULL;
+    int rc = -1;
+    if (j.rows && j.node && (j.dots || !j.dots_n)) {
+        run_team(nt, 3, dg_phase, dg_skip, &j, pool);
+        rc = 0;
     }
-    if (nt > 1 && a->dgamma && split_columns(a, nt)) {
-        if ((size_t)nt > a->k / 32) /* members get 32 columns or more */
-            nt = (int)(a->k / 32);
-        cols = nt > 1;
-    }
-    if (rms_cpu_bwd_ahead_32(nt))
-        flags |= RMS_BWD_AHEAD_32;
-    own_w ow;
-    if (own_w_open(&ow, kt, a->w, a->w_offset, a->k, a->flags, nt > 1 ? nt : 1) < 0)
-        return -1;
-    int rc = cols ? bwd_cols(kt, a, nt, flags, &ow, pool) : bwd_split(kt, a, nt, flags, &ow, pool);
-    rows_free(ow.rows);
+    free(j.rows);
+    free(j.node);
+    free(j.dots);
     return rc;
 }
+
+int rms_backward(const rms_isa_table *isa, const rms_bwd_args *a, int nthreads,
+                 const rms_pool *pool) {
+    size_t total = a->m * a->k, es = rms_esize(a->dtype);
+    if (total == 0) {
+        if (a->dgamma) /* no rows: dgamma is zeros */
+            memset(a->dgamma, 0, a->k * rms_esize(a->dg_dtype));
+        __atomic_store_n(&last_team, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    const void *w;
+    void *own_w;
+    if (compute_weights(isa, a->dtype, a->w, a->w_dtype, a->w_offset, a->k, nthreads, &w,
+                        &own_w) < 0)
+        return -1;
+    int flags = total * es >= rms_stream_bytes(NULL) ? RMS_STREAM : 0, rc = 0;
+    if (a->dgamma && a->w) {
+        rc = bwd_dgamma(isa, a, w, flags, nthreads, pool);
+    } else {
+        bwd_job *j = malloc(sizeof *j);
+        if (j) {
+            int nt = team_size(total, nthreads, pool, a->m > 1 ? total : a->k / 16 + 1);
+            *j = (bwd_job){&isa->k[a->dtype], a, w, flags, nt == 1 || split_by_rows(a->m, nt),
+                           {{0}}};
+            run_team(nt, j->by_rows ? 1 : 2, bwd_phase, NULL, j, pool);
+        }
+        rc = j ? 0 : -1;
+        free(j);
+    }
+    free(own_w);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- weights and references */
 
 /* Weight conversions: gamma is as long as a row, so for one long row it costs as much as the
  * row itself and is split across the team too. */
@@ -1388,7 +781,7 @@ void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, d
                  size_t n, int widen, int nthreads) {
     size_t es = rms_esize(dtype), cs = csize(dtype);
     size_t in = widen ? es : cs, out = widen ? cs : es;
-    int nt = team_size(n, nthreads);
+    int nt = team_size(n, nthreads, NULL, n / 64 + 1);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int t = thread_id(), team = team_threads();
@@ -1403,9 +796,9 @@ void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, d
     }
 }
 
-/* Roofline references, split across the team like the kernels. */
 void rms_ref_copy(void *dst, const void *src, size_t bytes, int prefetch, int nthreads) {
-    int nt = team_size(bytes / 4, nthreads), stream = bytes >= stream_bytes;
+    int nt = team_size(bytes / 4, nthreads, NULL, bytes / 4);
+    int stream = bytes >= rms_stream_bytes(NULL);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int t = thread_id(), team = team_threads();
@@ -1418,7 +811,7 @@ void rms_ref_copy(void *dst, const void *src, size_t bytes, int prefetch, int nt
 
 void rms_ref_triad(void *dst, const void *a, const void *b, size_t n, int f64, int nthreads) {
     size_t es = f64 ? 8 : 4;
-    int nt = team_size(n, nthreads), stream = n * es >= stream_bytes;
+    int nt = team_size(n, nthreads, NULL, n), stream = n * es >= rms_stream_bytes(NULL);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int t = thread_id(), team = team_threads();

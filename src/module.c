@@ -460,80 +460,33 @@ static PyArrayObject *check_x(const char *fn, PyObject *o, int *code) {
     return x;
 }
 
-/* A 16-bit gamma of x's own dtype (offset 0) goes to the kernels as it is, widened as it is
- * read, for fewer than STORAGE_WEIGHT_ROWS rows or rows of the ISA's storage_weight_k elements or
- * more (8192; over 4096 on Zen 5, and in the backward on Zen 4 none: rms_cpu_storage_weight_k).
- * Widening it first costs a pass over a row's worth of weights (and, for rows longer than
- * RMS_W_OWN_K, a new array), which a few rows do not pay back, and a float32 weight of 32 KiB or
- * more no longer sits in L1 beside the row.
- * bfloat16, one thread, widened first -> as it is: 1 x 4096 forward 1.65 -> 0.94 us, backward
- * 3.08 -> 2.34 us; 1 x 1048576 forward 610 -> 282 us; 256 x 8192 forward 361 -> 349 us. Many
- * short rows read the widened copy from L1 again and again: 64 x 4096 forward 34 -> 39 us the
- * other way. The row length is the ISA's (storage_weight_k): with AVX2, whose 16-bit loads
- * already crowd the shuffle ports, long rows measured faster widened first (AMD EPYC, one
- * thread, both builds alternating, as it is -> widened, forward / backward: bfloat16 29 x 17389
- * 189 -> 175 / 430 -> 390 us, 64 x 8192 198 -> 175 / 424 -> 389 us, 1024 x 8192 3.72 -> 3.42 /
- * 7.12 -> 6.51 ms; float16 backward 29 x 17389 268 -> 241 us, 1024 x 8192 3.96 -> 3.88 ms, and
- * its forward the same within 6% either way). */
-#define STORAGE_WEIGHT_ROWS 8
-
 static int sixteen_bit(int code) { return code == RMS_F16 || code == RMS_BF16; }
 
-/* Whether a 16-bit gamma of x's dtype (offset 0) goes to the kernels as it is, for rows of k, in
- * the forward and the add (backward = 0) or the backward (1) */
-static int storage_weight(int code, size_t rows, size_t k, int backward) {
-    size_t storage_k = rms_cpu_storage_weight_k(backward);
-    return sixteen_bit(code) && k > 0 &&
-           (rows < STORAGE_WEIGHT_ROWS || (storage_k && k >= storage_k));
-}
-
-/* offset + gamma as a contiguous array of the compute type, or NULL with *w = NULL for none.
- * When gamma's own compute type is x's (every pairing but float64 with a narrower type), the
- * kernels of gamma's dtype convert it; otherwise NumPy casts it. Or (see above) a 16-bit gamma
- * of x's dtype as it is, with *wflags = RMS_W_STORAGE; or, for rows of up to RMS_W_OWN_K
- * elements, with *wflags = RMS_W_OWN, for the driver to widen offset + gamma (else 0). */
-static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int code, double offset,
-                        int backward, PyArrayObject **g, PyArrayObject **w, int *wflags) {
-    int gcode;
+/* gamma as contiguous data for the driver, which widens offset + gamma to the compute type
+ * (with the GIL released) unless it is that type with offset 0: gamma itself when its compute
+ * type is x's, else cast by NumPy to x's compute type (*wcode says which dtype *w holds). *w =
+ * NULL for no gamma. */
+static int make_weights(const char *fn, PyObject *gobj, PyArrayObject *x, int code,
+                        PyArrayObject **g, PyArrayObject **w, int *wcode) {
     *g = *w = NULL;
-    *wflags = 0;
+    *wcode = code == RMS_F64 ? RMS_F64 : RMS_F32;
     if (!gobj || gobj == Py_None)
         return check_gamma(fn, x, NULL);
-    if (!(*g = as_float_array(fn, "gamma", gobj, &gcode)))
+    if (!(*g = as_float_array(fn, "gamma", gobj, wcode)))
         return -1;
     int nlead = check_gamma(fn, x, *g);
     if (nlead < 0)
         return -1;
     int tn = compute_typenum(code);
-    npy_intp k = PyArray_SIZE(*g);
-    int storage = gcode == code && offset == 0.0 && k > 0 &&
-                  storage_weight(code, (size_t)(PyArray_SIZE(x) / k), (size_t)k, backward);
-    /* the driver widens offset + gamma, each member of the team into a row of its own */
-    int own = !storage && gcode == code && sixteen_bit(code) && k > 0 && k <= RMS_W_OWN_K;
-    if (storage || own || (gcode == (tn == NPY_DOUBLE ? RMS_F64 : RMS_F32) && offset == 0.0)) {
-        *wflags = storage ? RMS_W_STORAGE : own ? RMS_W_OWN : 0;
-        *w = (PyArrayObject *)PyArray_FromAny((PyObject *)*g, NULL, 0, 0,
-                                              NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
-        return *w ? nlead : -1;
-    }
-    /* gamma as contiguous data that gamma's own kernels (or, after a NumPy cast, the compute
-     * type's kernels) widen */
     PyArray_Descr *cast = NULL;
-    if (compute_typenum(gcode) != tn) {
+    if (compute_typenum(*wcode) != tn) {
         cast = PyArray_DescrFromType(tn);
-        gcode = tn == NPY_DOUBLE ? RMS_F64 : RMS_F32;
+        *wcode = tn == NPY_DOUBLE ? RMS_F64 : RMS_F32;
     }
-    PyArrayObject *src = (PyArrayObject *)PyArray_FromAny(
+    *w = (PyArrayObject *)PyArray_FromAny(
         (PyObject *)*g, cast, 0, 0,
         NPY_ARRAY_FORCECAST | NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
-    if (!src || !(*w = new_output(PyArray_DescrFromType(tn), PyArray_NDIM(*g), PyArray_DIMS(*g)))) {
-        Py_XDECREF(src);
-        return -1;
-    }
-    rms_convert(&rms_isa_current()->k[gcode], gcode, PyArray_DATA(src), PyArray_DATA(*w), offset,
-                (size_t)PyArray_SIZE(src), 1, rms_threads_get());
-    Py_DECREF(src);
-    return nlead;
+    return *w ? nlead : -1;
 }
 
 /* A new C-order array of typenum, large ones from the cache of dropped buffers (new_output):
@@ -569,8 +522,8 @@ static PyObject *forward(const char *fn, PyObject *xo, PyObject *ro, PyObject *g
             goto fail;
         }
     }
-    int wflags;
-    int nlead = make_weights(fn, go, x, code, offset, 0, &g, &w, &wflags);
+    int wcode;
+    int nlead = make_weights(fn, go, x, code, &g, &w, &wcode);
     if (nlead < 0)
         goto fail;
     if (outo && outo != Py_None) {
@@ -604,14 +557,13 @@ static PyObject *forward(const char *fn, PyObject *xo, PyObject *ro, PyObject *g
     if (!(rstd = new_array(nlead, PyArray_DIMS(x), compute_typenum(code))))
         goto fail;
 
-    rms_fwd_args a = {code, flags | wflags, xv.m, xv.k, xv.data, xv.rs, r ? rv.data : NULL, rv.rs,
+    rms_fwd_args a = {code, flags, xv.m, xv.k, xv.data, xv.rs, r ? rv.data : NULL, rv.rs,
                       h.arr ? h.v.data : NULL, h.v.rs, y.v.data, y.v.rs,
-                      w ? PyArray_DATA(w) : NULL, PyArray_DATA(rstd), eps,
-                      (wflags & RMS_W_OWN) ? offset : 0.0};
-    const rms_kernels *kt = &rms_isa_current()->k[code];
+                      w ? PyArray_DATA(w) : NULL, wcode, offset, PyArray_DATA(rstd), eps};
+    const rms_isa_table *isa = rms_isa_current();
     int nthreads = rms_threads_get(), rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = rms_forward(kt, &a, nthreads, NULL);
+    rc = rms_forward(isa, &a, nthreads, NULL);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         PyErr_NoMemory();
@@ -683,8 +635,8 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
                     PyArray_NDIM(x));
         goto fail;
     }
-    int wflags;
-    int nlead = make_weights(fn, o[2], x, code, offset, 1, &g, &w, &wflags);
+    int wcode;
+    int nlead = make_weights(fn, o[2], x, code, &g, &w, &wcode);
     if (nlead < 0 || !(rs = as_float_array(fn, "rstd", o[3], &rcode)))
         goto fail;
     if (rcode != (code == RMS_F64 ? RMS_F64 : RMS_F32)) {
@@ -714,30 +666,21 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     if (!rs || input_rows(&x, nlead, &xv) < 0 || input_rows(&dy, nlead, &dyv) < 0 ||
         open_out(outo, x, nlead, &dx) < 0)
         goto fail;
-    /* A 16-bit x with gamma of its dtype: for one row, the kernels round dgamma to that dtype
-     * as they store it, rather than filling a float32 row as long as x and narrowing it; for
-     * more, the threads round their columns of dgamma as they finish them, rather than the
-     * calling thread rounding the whole row, which it would first fetch from their caches */
-    int dg_as_x = g && sixteen_bit(code) && dtype_code(PyArray_DESCR(g)) == code;
-    if (dg_as_x && xv.m == 1)
-        wflags |= RMS_DG_NARROW;
+    /* dgamma in gamma's dtype where that shares x's compute type (the driver rounds it), else
+     * in the compute type and cast by NumPy */
+    int dgcode = g ? dtype_code(PyArray_DESCR(g)) : -1;
+    int dg_direct = g && compute_typenum(dgcode) == compute_typenum(code);
     if (g && !(dgc = new_array(PyArray_NDIM(g), PyArray_DIMS(g),
-                               (wflags & RMS_DG_NARROW) ? PyArray_TYPE(g) : compute_typenum(code))))
+                               dg_direct ? PyArray_TYPE(g) : compute_typenum(code))))
         goto fail;
-    if (dg_as_x && !(wflags & RMS_DG_NARROW) &&
-        !(dgret = (PyObject *)new_output(PyArray_DescrFromType(PyArray_TYPE(g)),
-                                          PyArray_NDIM(g), PyArray_DIMS(g))))
-        goto fail;
-
-    rms_bwd_args a = {code,       wflags,  xv.m,    xv.k,     dyv.data,
-                      dyv.rs,     xv.data, xv.rs,    dx.v.data,
-                      dx.v.rs,    w ? PyArray_DATA(w) : NULL, PyArray_DATA(rs),
-                      dgc ? PyArray_DATA(dgc) : NULL, (wflags & RMS_W_OWN) ? offset : 0.0,
-                      dgret ? PyArray_DATA((PyArrayObject *)dgret) : NULL};
-    const rms_kernels *kt = &rms_isa_current()->k[code];
+    rms_bwd_args a = {code, 0, xv.m, xv.k, dyv.data, dyv.rs, xv.data, xv.rs, dx.v.data, dx.v.rs,
+                      w ? PyArray_DATA(w) : NULL, wcode, offset, PyArray_DATA(rs),
+                      dgc ? PyArray_DATA(dgc) : NULL,
+                      dg_direct ? dgcode : (code == RMS_F64 ? RMS_F64 : RMS_F32)};
+    const rms_isa_table *isa = rms_isa_current();
     int nthreads = rms_threads_get(), rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = rms_backward(kt, &a, nthreads, NULL);
+    rc = rms_backward(isa, &a, nthreads, NULL);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         PyErr_NoMemory();
@@ -748,19 +691,9 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     if (!g) {
         dgret = Py_None;
         Py_INCREF(dgret);
-    } else if (dgret) { /* rounded by the driver */
-    } else if (PyArray_TYPE(g) == PyArray_TYPE(dgc)) {
+    } else if (dg_direct) {
         dgret = (PyObject *)dgc;
         Py_INCREF(dgret);
-    } else if (compute_typenum(dtype_code(PyArray_DESCR(g))) == PyArray_TYPE(dgc)) {
-        /* rounded to gamma's dtype by that dtype's kernels */
-        int gcode = dtype_code(PyArray_DESCR(g));
-        PyArray_Descr *d = PyArray_DescrFromType(PyArray_TYPE(g));
-        if (!(dgret = (PyObject *)new_output(d, PyArray_NDIM(g), PyArray_DIMS(g))))
-            goto fail;
-        rms_convert(&rms_isa_current()->k[gcode], gcode, PyArray_DATA(dgc),
-                    PyArray_DATA((PyArrayObject *)dgret), 0.0, (size_t)PyArray_SIZE(dgc), 0,
-                    rms_threads_get());
     } else if (!(dgret = PyArray_CastToType(dgc, PyArray_DescrFromType(PyArray_TYPE(g)), 0)))
         goto fail;
     ret = PyTuple_Pack(2, dxret, dgret);
@@ -809,6 +742,48 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
     }
     rms_threads_set(n > 1 << 20 ? 1 << 20 : (int)n);
     Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- test hooks */
+
+static PyObject *py_last_team_size(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(rms_last_team_size());
+}
+
+/* A setter's argument: an int >= 0, clamped to SIZE_MAX. */
+static int size_arg(const char *fn, PyObject *arg, size_t *n) {
+    if (!PyLong_Check(arg) || PyBool_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s(): n must be an int, not %s", fn, Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || overflow < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): n must be >= 0, got %R", fn, arg);
+        return -1;
+    }
+    *n = overflow > 0 || (unsigned long long)v > SIZE_MAX ? SIZE_MAX : (size_t)v;
+    return 0;
+}
+
+static PyObject *py_set_min_per_thread(PyObject *self, PyObject *arg) {
+    size_t n;
+    (void)self;
+    if (size_arg("_set_min_per_thread", arg, &n) < 0)
+        return NULL;
+    return PyLong_FromSize_t(rms_set_min_per_thread(n));
+}
+
+static PyObject *py_set_stream_bytes(PyObject *self, PyObject *arg) {
+    size_t n;
+    (void)self;
+    if (size_arg("_set_stream_bytes", arg, &n) < 0)
+        return NULL;
+    return PyLong_FromSize_t(rms_set_stream_bytes(n));
 }
 
 static PyObject *py_isa(PyObject *self, PyObject *unused) {
@@ -932,33 +907,27 @@ static void advise_output(int dtype, void *p, size_t n) {
     rms_advise_huge(p, n * rms_esize(dtype));
 }
 
-/* The C API's flags are the kernels' */
-_Static_assert(RMS_CAPI_W_AS_X == RMS_W_STORAGE && RMS_CAPI_DG_AS_X == RMS_DG_NARROW,
-               "rms_capi.h flags");
-
-/* A caller's flags that apply: only to 16-bit x, and RMS_DG_NARROW only to one row */
-static int capi_flags(int dtype, int flags, size_t m) {
-    if (!sixteen_bit(dtype))
-        return 0;
-    return (flags & RMS_W_STORAGE) | (m == 1 ? flags & RMS_DG_NARROW : 0);
-}
-
 static void capi_forward(int dtype, const void *x, const void *w, int flags, void *y, void *rstd,
                          size_t m, size_t k, double eps, const rms_pool *pool) {
-    rms_fwd_args a = {dtype, capi_flags(dtype, flags & RMS_W_STORAGE, m), m, k, x, (ptrdiff_t)k,
-                      NULL,  0, NULL, 0, y, (ptrdiff_t)k, w, rstd, eps, 0.0};
+    int wcode = sixteen_bit(dtype) && (flags & RMS_CAPI_W_AS_X) ? dtype
+                : dtype == RMS_F64                              ? RMS_F64
+                                                                : RMS_F32;
+    rms_fwd_args a = {dtype, 0, m, k, x, (ptrdiff_t)k, NULL, 0, NULL, 0, y, (ptrdiff_t)k,
+                      w, wcode, 0.0, rstd, eps};
     advise_output(dtype, y, m * k);
-    /* never fails: without RMS_W_OWN it allocates nothing */
-    (void)rms_forward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
+    /* out of memory (a 16-bit weight's widened row): nothing written, as documented */
+    (void)rms_forward(rms_isa_current(), &a, rms_threads_get(), pool);
 }
 
 static int capi_backward(int dtype, const void *dy, const void *x, const void *w, int flags,
                          const void *rstd, void *dx, void *dgamma, size_t m, size_t k,
                          const rms_pool *pool) {
-    rms_bwd_args a = {dtype,        capi_flags(dtype, flags, m), m,  k,  dy, (ptrdiff_t)k, x,
-                      (ptrdiff_t)k, dx, (ptrdiff_t)k, w, rstd, dgamma, 0.0, NULL};
+    int ccode = dtype == RMS_F64 ? RMS_F64 : RMS_F32, s16 = sixteen_bit(dtype);
+    rms_bwd_args a = {dtype, 0, m, k, dy, (ptrdiff_t)k, x, (ptrdiff_t)k, dx, (ptrdiff_t)k, w,
+                      s16 && (flags & RMS_CAPI_W_AS_X) ? dtype : ccode, 0.0, rstd, dgamma,
+                      s16 && m == 1 && (flags & RMS_CAPI_DG_AS_X) ? dtype : ccode};
     advise_output(dtype, dx, m * k);
-    return rms_backward(&rms_isa_current()->k[dtype], &a, rms_threads_get(), pool);
+    return rms_backward(rms_isa_current(), &a, rms_threads_get(), pool);
 }
 
 static void capi_convert(int dtype, const void *src, void *dst, double offset, size_t n,
@@ -966,8 +935,11 @@ static void capi_convert(int dtype, const void *src, void *dst, double offset, s
     rms_convert(&rms_isa_current()->k[dtype], dtype, src, dst, offset, n, widen, 1);
 }
 
+/* The driver widens a 16-bit weight on its own threads: hand it over as it is. */
 static int capi_weight_as_is(int dtype, size_t m, size_t k) {
-    return storage_weight(dtype, m, k, 0);
+    (void)m;
+    (void)k;
+    return sixteen_bit(dtype);
 }
 
 static const rms_capi c_api = {RMS_CAPI_VERSION, capi_forward, capi_backward, capi_convert,
@@ -1004,6 +976,14 @@ static PyMethodDef methods[] = {
     {"stream_bytes", py_stream_bytes, METH_NOARGS,
      "stream_bytes() -> (threshold, l3): outputs of threshold bytes or more bypass the cache;\n"
      "l3 is the L3 size it came from (0 if unknown; RMSNORM_STREAM_BYTES overrides)."},
+    {"_last_team_size", py_last_team_size, METH_NOARGS,
+     "_last_team_size() -> int: threads of the last forward, add or backward (1: the caller's)."},
+    {"_set_min_per_thread", py_set_min_per_thread, METH_O,
+     "_set_min_per_thread(n) -> int: the fewest elements a thread gets (0: split whenever\n"
+     "possible); returns the previous value. For tests."},
+    {"_set_stream_bytes", py_set_stream_bytes, METH_O,
+     "_set_stream_bytes(n) -> int: outputs of n bytes or more stream (0: every one where\n"
+     "alignment allows); returns the previous value. For tests."},
     {"copy", (PyCFunction)(void (*)(void))py_copy, METH_FASTCALL,
      "copy(src, dst, prefetch=False): threaded copy of contiguous arrays (roofline reference "
      "for benchmarks); with prefetch, each line is also prefetched 4 KiB ahead."},
@@ -1038,6 +1018,9 @@ PyMODINIT_FUNC PyInit__core(void) {
     rms_dispatch_init();
     rms_threads_init();
     find_bfloat16();
+    if (rms_env_warning() && PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "rmsnorm: %s",
+                                              rms_env_warning()) < 0)
+        return NULL;
     PyObject *mod = PyModule_Create(&moduledef);
     PyObject *cap = mod ? PyCapsule_New((void *)&c_api, "rmsnorm._core._c_api", NULL) : NULL;
     if (!cap || PyModule_AddObject(mod, "_c_api", cap) < 0) {

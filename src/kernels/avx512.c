@@ -1,86 +1,154 @@
-/* AVX-512 (F, BW, VL, DQ) + FMA + F16C kernels. Only this file is compiled for that target; the
- * dispatcher calls it only on CPUs (and OSes) that run it. bfloat16 is rounded here with exact
- * integer arithmetic; CPUs with AVX512-BF16 get the bfloat16 entry of avx512bf16.c instead. */
+/* AVX-512 (F, BW, VL, DQ) + FMA + F16C kernels: 16 floats or 8 doubles a vector, masked tails.
+ * Only this file is compiled for that target; the dispatcher calls it only on CPUs (and OSes)
+ * that run it. bfloat16 is rounded with exact integer arithmetic. */
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
 #endif
 
-#include "avx512_defs.h"
+#include <immintrin.h>
 
-#define RMS_DT 0
-#define RMS_SFX f32_avx512
+#include "kernels.h"
+#include "convert.h"
+
+/* Round to nearest even on the integer bits; NaN becomes the canonical quiet NaN. */
+static inline __m256i bf16x16_round(__m512 v) {
+    __m512i b = _mm512_castps_si512(v);
+    __m512i hi = _mm512_srli_epi32(b, 16);
+    __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
+                                    _mm512_set1_epi32(0x7fff));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, bias), 16);
+    __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
+                                   _mm512_set1_epi32(0x7fc0));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
+    return _mm512_cvtepi32_epi16(r);
+}
+
+static inline __m512 bf16x16_widen(__m256i u) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));
+}
+
+static inline __m512d lo_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+static inline __m512d hi_pd(__m512 v) {
+    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+/* The sum of the eight lanes, in a fixed order (the pairs GCC's _mm512_reduce_add_pd adds). */
+static inline double hsum_pd(__m512d a) {
+    __m256d q = _mm256_add_pd(_mm512_extractf64x4_pd(a, 1), _mm512_castpd512_pd256(a));
+    __m128d h = _mm_add_pd(_mm256_extractf128_pd(q, 1), _mm256_castpd256_pd128(q));
+    return _mm_cvtsd_f64(_mm_add_sd(_mm_unpackhi_pd(h, h), h));
+}
+
+#define M16(n) ((__mmask16)((1u << (n)) - 1u))
+#define M8(n) ((__mmask8)((1u << (n)) - 1u))
+#define F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+#define RMS_NT 1
+#define RMS_PF 1
+#define V_FENCE() _mm_sfence()
+#define A __m512d
+#define A_ZERO _mm512_setzero_pd()
+
+/* float compute: f32, f16, bf16 */
+#define W 16
+#define V __m512
+#define V_SET _mm512_set1_ps
+#define V_ADD _mm512_add_ps
+#define V_SUB _mm512_sub_ps
+#define V_MUL _mm512_mul_ps
+#define V_FMA _mm512_fmadd_ps
+#define VC_LD(p) _mm512_loadu_ps(p)
+#define VC_LDP(p, n) _mm512_maskz_loadu_ps(M16(n), (p))
+#define VC_ST(p, v) _mm512_storeu_ps((p), (v))
+#define VC_STP(p, v, n) _mm512_mask_storeu_ps((p), M16(n), (v))
+#define A_ACC(l, h, v) ((l) = _mm512_add_pd((l), lo_pd(v)), (h) = _mm512_add_pd((h), hi_pd(v)))
+#define A_SUM(l, h) hsum_pd(_mm512_add_pd((l), (h)))
+
+#define T float
+#define C float
+#define SFX f32_avx512
 #define V_LD(p) _mm512_loadu_ps(p)
+#define V_LDP VC_LDP
 #define V_ST(p, v) _mm512_storeu_ps((p), (v))
+#define V_STP VC_STP
 #define V_STNT(p, v) _mm512_stream_ps((p), (v))
-#define V_STB 64
 #define V_RND(v) (v)
-#define V_LDP V_LDCP
-#define V_STP V_STCP
-#include "rows_impl.h"
+#define S_LD(p) (*(p))
+#define S_RND(v) (v)
+#include "norm_impl.h"
 
-#define RMS_DT 2
-#define RMS_SFX f16_avx512
+#define T uint16_t
+#define C float
+#define SFX f16_avx512
 #define V_LD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph((v), RMS_F16_RNE))
-#define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), _mm512_cvtps_ph((v), RMS_F16_RNE))
-#define V_STB 32
-#define V_CPNT V_CPNT_32
-#define V_RND(v) _mm512_cvtph_ps(_mm512_cvtps_ph((v), RMS_F16_RNE))
 #define V_LDP(p, n) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(M16(n), (p)))
-#define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), _mm512_cvtps_ph((v), RMS_F16_RNE))
-#include "rows_impl.h"
+#define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph((v), F16_RNE))
+#define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), _mm512_cvtps_ph((v), F16_RNE))
+#define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), _mm512_cvtps_ph((v), F16_RNE))
+#define V_RND(v) _mm512_cvtph_ps(_mm512_cvtps_ph((v), F16_RNE))
+#define S_LD(p) rms_f16_to_f32(*(p))
+#define S_RND(v) rms_f16_to_f32(rms_f32_to_f16(v))
+#include "norm_impl.h"
 
-#define RMS_DT 3
-#define RMS_SFX bf16_avx512
-#define V_LD V_LD_BF16
+#define T uint16_t
+#define C float
+#define SFX bf16_avx512
+#define V_LD(p) bf16x16_widen(_mm256_loadu_si256((const __m256i *)(p)))
+#define V_LDP(p, n) bf16x16_widen(_mm256_maskz_loadu_epi16(M16(n), (p)))
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round(v))
-#define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round(v))
-#define V_STB 32
-#define V_CPNT V_CPNT_32
-#define V_RND(v)                                                                               \
-    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_round(v)), 16))
-#define V_LDP V_LDP_BF16
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round(v))
-#include "rows_impl.h"
+#define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round(v))
+#define V_RND(v) bf16x16_widen(bf16x16_round(v))
+#define S_LD(p) rms_bf16_to_f32(*(p))
+#define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))
+#include "norm_impl.h"
 
 /* double compute: f64 */
-#include "compute_undef.h"
+#undef W
+#undef V
+#undef V_SET
+#undef V_ADD
+#undef V_SUB
+#undef V_MUL
+#undef V_FMA
+#undef VC_LD
+#undef VC_LDP
+#undef VC_ST
+#undef VC_STP
+#undef A_ACC
+#undef A_SUM
 #define W 8
 #define V __m512d
-#define V_LDC(p) _mm512_loadu_pd(p)
-#define V_STC(p, v) _mm512_storeu_pd((p), (v))
 #define V_SET _mm512_set1_pd
 #define V_ADD _mm512_add_pd
 #define V_SUB _mm512_sub_pd
 #define V_MUL _mm512_mul_pd
 #define V_FMA _mm512_fmadd_pd
-#define A_WIDEN(l, h, v) ((l) = _mm512_add_pd((l), (v)))
-#define A_CVT(l, h, v) ((l) = (v))
-#define V_LDCP(p, n) _mm512_maskz_loadu_pd(M8(n), (p))
-#define V_STCP(p, v, n) _mm512_mask_storeu_pd((p), M8(n), (v))
+#define VC_LD(p) _mm512_loadu_pd(p)
+#define VC_LDP(p, n) _mm512_maskz_loadu_pd(M8(n), (p))
+#define VC_ST(p, v) _mm512_storeu_pd((p), (v))
+#define VC_STP(p, v, n) _mm512_mask_storeu_pd((p), M8(n), (v))
+#define A_ACC(l, h, v) ((l) = _mm512_add_pd((l), (v)))
+#define A_SUM(l, h) ((void)(h), hsum_pd(l))
 
-#define RMS_DT 1
-#define RMS_SFX f64_avx512
+#define T double
+#define C double
+#define SFX f64_avx512
 #define V_LD(p) _mm512_loadu_pd(p)
+#define V_LDP VC_LDP
 #define V_ST(p, v) _mm512_storeu_pd((p), (v))
+#define V_STP VC_STP
 #define V_STNT(p, v) _mm512_stream_pd((p), (v))
-#define V_STB 64
 #define V_RND(v) (v)
-#define V_LDP V_LDCP
-#define V_STP V_STCP
-#include "rows_impl.h"
+#define S_LD(p) (*(p))
+#define S_RND(v) (v)
+#include "norm_impl.h"
 
-static void stream_lines_avx512(void *dst, const void *src, size_t lines) {
-    for (size_t i = 0; i < lines; i++)
-        _mm512_stream_si512((__m512i *)dst + i, _mm512_load_si512((const __m512i *)src + i));
-}
-
-const rms_isa_table rms_isa_avx512 = {"avx512",
-                                      {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512),
-                                       RMS_ENTRY(f16_avx512), RMS_ENTRY(bf16_avx512)},
-                                      8192, 0, 1024, 1, stream_lines_avx512};
+const rms_isa_table rms_isa_avx512 = {
+    "avx512",
+    {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512), RMS_ENTRY(f16_avx512), RMS_ENTRY(bf16_avx512)}};
 
 #if defined(__clang__)
 #pragma clang attribute pop

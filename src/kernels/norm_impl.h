@@ -1,0 +1,409 @@
+/* The kernel bodies, written once and included by each ISA file once per dtype.
+ *
+ * The including file defines:
+ *   T, C, SFX           storage type, compute type, symbol suffix (f32_avx2 ...)
+ *   W, V                lanes and vector type of the compute type
+ *   V_LD(p), V_LDP(p, n)       W (or n < W, the rest zero) storage elements widened to V
+ *   V_ST(p, v), V_STP(p, v, n) v rounded (nearest even) to the storage type and stored
+ *   V_STNT(p, v)        the same with a non-temporal store (p aligned to W * sizeof(T))
+ *   V_RND(v)            v rounded through the storage type and back
+ *   VC_LD, VC_LDP, VC_ST, VC_STP   the same for compute-type arrays (w, dg)
+ *   V_SET, V_ADD, V_SUB, V_MUL, V_FMA(a, b, c) = a * b + c
+ *   A, A_ZERO, A_ACC(l, h, v), A_SUM(l, h)  float64 accumulators: l, h += v widened
+ *   V_FENCE()           orders the non-temporal stores before later ones
+ *   RMS_NT              1 where non-temporal stores exist, RMS_PF where prefetching pays
+ *   S_LD(p), S_RND(v)   one element widened, one compute value rounded through T
+ *
+ * Row sums: four independent compute-type accumulators (hiding the FMA latency) flushed into
+ * float64 every RMS_FLUSH iterations, so that the sum is far more accurate than the result. */
+
+#ifndef RMS_IMPL_ONCE
+#define RMS_IMPL_ONCE
+#include <string.h>
+#define RMS_CAT3_(a, b, c) a##_##b##_##c
+#define RMS_CAT3(a, b, c) RMS_CAT3_(a, b, c)
+#define RMS_INLINE static inline __attribute__((always_inline))
+#define RMS_FLUSH 16 /* iterations of 4 vectors between flushes into float64 */
+#define RMS_LINE 64
+#define RMS_IF(c, a, b)                                                                    \
+    do {                                                                                   \
+        if (c)                                                                             \
+            a;                                                                             \
+        else                                                                               \
+            b;                                                                             \
+    } while (0)
+/* How far ahead the first pass prefetches: the row that starts RMS_AHEAD bytes on (at least
+ * the next row), while rows are at most RMS_AHEAD_MAX bytes (longer rows are split or left to
+ * the hardware's own prefetcher, which follows one long stream well). */
+#define RMS_AHEAD 8192
+#define RMS_AHEAD_MAX (256 * 1024)
+#define RMS_ENTRY(sfx)                                                                     \
+    {                                                                                      \
+        rmsnorm_fwd_##sfx, rmsnorm_bwd_##sfx, rmsnorm_sumsq_##sfx, rmsnorm_scale_##sfx,    \
+            rmsnorm_dot_##sfx, rmsnorm_bwdp_##sfx, rmsnorm_rescue_##sfx,                   \
+            rmsnorm_widen_##sfx, rmsnorm_narrow_##sfx                                      \
+    }
+#endif
+
+#define FN(op) RMS_CAT3(rmsnorm, op, SFX)
+/* t elements at p: a full vector when t == W (a constant in the main loops), else partial. */
+#define LDX(p, t) ((t) == W ? V_LD(p) : V_LDP((p), (t)))
+#define LDCX(p, t) ((t) == W ? VC_LD(p) : VC_LDP((p), (t)))
+#define STX(p, v, t, nt)                                                                   \
+    do {                                                                                   \
+        if ((t) == W && (nt))                                                              \
+            V_STNT((p), (v));                                                              \
+        else if ((t) == W)                                                                 \
+            V_ST((p), (v));                                                                \
+        else                                                                               \
+            V_STP((p), (v), (t));                                                          \
+    } while (0)
+#define STCX(p, v, t)                                                                      \
+    do {                                                                                   \
+        if ((t) == W)                                                                      \
+            VC_ST((p), (v));                                                               \
+        else                                                                               \
+            VC_STP((p), (v), (t));                                                         \
+    } while (0)
+
+/* Prefetches the lines of the 4 * W elements at p (into L2). */
+RMS_INLINE void FN(pf4)(const T *p) {
+#if RMS_PF
+    for (size_t b = 0; b < 4 * W * sizeof(T); b += RMS_LINE)
+        __builtin_prefetch((const char *)p + b, 0, 2);
+#else
+    (void)p;
+#endif
+}
+
+/* ---------------------------------------------------------------- reductions
+ * kind: 0 sum x^2; 1 sum round(x + r)^2 (h stored when h is not NULL); 2 sum a * b; 3 sum
+ * a * b * w. pa, pb: the rows ahead to prefetch (the row itself when there is none). */
+RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const C *w, T *h, size_t i, const size_t t,
+                      const int kind) {
+    V u = LDX(a + i, t);
+    if (kind == 0)
+        return V_FMA(u, u, acc);
+    V v = LDX(b + i, t);
+    if (kind == 1) {
+        V s = V_RND(V_ADD(u, v));
+        if (h)
+            STX(h + i, s, t, 0);
+        return V_FMA(s, s, acc);
+    }
+    if (kind == 3)
+        u = V_MUL(u, LDCX(w + i, t));
+    return V_FMA(u, v, acc);
+}
+
+RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, T *h, size_t n, const T *pa,
+                             const T *pb, const int kind) {
+    A l = A_ZERO, hi = A_ZERO;
+    const V z = V_SET((C)0);
+    size_t i = 0;
+    while (i + 4 * W <= n) {
+        V s0 = z, s1 = z, s2 = z, s3 = z;
+        for (int it = 0; it < RMS_FLUSH && i + 4 * W <= n; it++, i += 4 * W) {
+            FN(pf4)(pa + i);
+            if (kind != 0)
+                FN(pf4)(pb + i);
+            s0 = FN(term)(s0, a, b, w, h, i, W, kind);
+            s1 = FN(term)(s1, a, b, w, h, i + W, W, kind);
+            s2 = FN(term)(s2, a, b, w, h, i + 2 * W, W, kind);
+            s3 = FN(term)(s3, a, b, w, h, i + 3 * W, W, kind);
+        }
+        A_ACC(l, hi, V_ADD(V_ADD(s0, s1), V_ADD(s2, s3)));
+    }
+    V s = z;
+    for (; i + W <= n; i += W)
+        s = FN(term)(s, a, b, w, h, i, W, kind);
+    if (i < n)
+        s = FN(term)(s, a, b, w, h, i, n - i, kind);
+    A_ACC(l, hi, s);
+    return A_SUM(l, hi);
+}
+
+/* ---------------------------------------------------------------- the rescue */
+
+static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
+    const T *x = (const T *)xv, *r = (const T *)rv;
+    double amax = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double v = r ? (double)S_RND((C)(S_LD(x + i) + S_LD(r + i))) : (double)S_LD(x + i);
+        if (!(fabs(v) <= 1.79769313486231570e308)) /* Inf or NaN in the row */
+            return NAN;
+        amax = fabs(v) > amax ? fabs(v) : amax;
+    }
+    if (amax == 0.0) /* all zeros */
+        return 1.0 / sqrt(eps);
+    double s = 0.0; /* every value finite: the squares overflowed or underflowed, so rescale */
+    for (size_t i = 0; i < n; i++) {
+        double v = r ? (double)S_RND((C)(S_LD(x + i) + S_LD(r + i))) : (double)S_LD(x + i);
+        s += (v / amax) * (v / amax);
+    }
+    return 1.0 / (amax * sqrt(s / (double)n + eps / amax / amax));
+}
+
+/* The row's rstd, rounded to the compute type, from its sum of squares. */
+RMS_INLINE C FN(rstd)(double ss, const T *x, const T *r, size_t n, double eps) {
+    return (C)(rms_sumsq_ok(ss, sizeof(C) == 8) ? rms_rstd(ss, n, eps)
+                                                : FN(rescue)(x, r, n, eps));
+}
+
+/* ---------------------------------------------------------------- second passes
+ * Elements [i0, i1) of a row (the last three arguments, which RMS_PASS appends); nt:
+ * non-temporal stores (the range then starts on a line). */
+RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const C *w, V vr,
+                                const int hasr, const int hasw, const int before, size_t i0,
+                                size_t i1, const int nt) {
+#define RMS_STEP(i, t)                                                                     \
+    do {                                                                                   \
+        V v = LDX(x + (i), t);                                                             \
+        if (hasr) {                                                                        \
+            v = V_RND(V_ADD(v, LDX(r + (i), t)));                                          \
+            STX(h + (i), v, t, nt);                                                        \
+        }                                                                                  \
+        v = V_MUL(v, vr);                                                                  \
+        if (before)                                                                        \
+            v = V_RND(v);                                                                  \
+        if (hasw)                                                                          \
+            v = V_MUL(v, LDCX(w + (i), t));                                                \
+        STX(y + (i), v, t, nt);                                                            \
+    } while (0)
+    size_t i = i0;
+    for (; i + W <= i1; i += W)
+        RMS_STEP(i, W);
+    if (i < i1)
+        RMS_STEP(i, i1 - i);
+#undef RMS_STEP
+}
+
+RMS_INLINE void FN(bwd_range)(const T *dy, const T *x, const C *w, T *dx, C *dg, V vr, V vnc,
+                              const int hasw, const int dgm, size_t i0, size_t i1,
+                              const int nt) {
+#define RMS_STEP(i, t)                                                                     \
+    do {                                                                                   \
+        V d = LDX(dy + (i), t), xh = V_MUL(LDX(x + (i), t), vr);                           \
+        V g = hasw ? V_MUL(d, LDCX(w + (i), t)) : d;                                       \
+        STX(dx + (i), V_MUL(vr, V_FMA(xh, vnc, g)), t, nt);                                \
+        if (dgm == 1)                                                                      \
+            STCX(dg + (i), V_FMA(d, xh, LDCX(dg + (i), t)), t);                            \
+        else if (dgm == 2)                                                                 \
+            STCX(dg + (i), V_MUL(d, xh), t);                                               \
+    } while (0)
+    size_t i = i0;
+    for (; i + W <= i1; i += W)
+        RMS_STEP(i, W);
+    if (i < i1)
+        RMS_STEP(i, i1 - i);
+#undef RMS_STEP
+}
+
+/* Elements of out (n of them) before its first whole line, where streaming starts; n when
+ * the row is too short to stream, or out is not aligned to its elements. */
+RMS_INLINE size_t FN(head)(const T *out, size_t n) {
+    size_t mis = (size_t)((uintptr_t)out % RMS_LINE);
+    if (!RMS_NT || mis % sizeof(T) || n * sizeof(T) < RMS_LINE)
+        return n;
+    size_t head = mis ? (RMS_LINE - mis) / sizeof(T) : 0;
+    return head < n ? head : n;
+}
+
+/* A second pass over n elements (outputs out and out2, which may be the same): streamed (whole lines non-temporally, the partial lines at
+ * either end plainly) when `stream` and the outputs allow, else plainly. */
+#define RMS_PASS(RANGE, out, out2, n, stream, ...)                                         \
+    do {                                                                                   \
+        size_t hd_ = (stream) ? FN(head)(out, n) : (n);                                    \
+        if (hd_ < (n) && FN(head)(out2, n) == hd_) {                          \
+            const size_t ln_ = RMS_LINE / sizeof(T);                                       \
+            size_t end_ = hd_ + ((n)-hd_) / ln_ * ln_;                                     \
+            RANGE(__VA_ARGS__, 0, hd_, 0);                                                 \
+            RANGE(__VA_ARGS__, hd_, end_, 1);                                              \
+            RANGE(__VA_ARGS__, end_, n, 0);                                                \
+        } else {                                                                           \
+            RANGE(__VA_ARGS__, 0, n, 0);                                                   \
+        }                                                                                  \
+    } while (0)
+
+/* ---------------------------------------------------------------- forward and add */
+
+RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
+                             ptrdiff_t hs, T *y, ptrdiff_t ys, const C *w, C *rstd, size_t m,
+                             size_t k, double eps, int stream, const int hasr, const int hasw,
+                             const int before) {
+    const size_t rb = k * sizeof(T);
+    const size_t d = rb > RMS_AHEAD_MAX ? 0 : (RMS_AHEAD + rb - 1) / rb;
+    for (size_t i = 0; i < m; i++) {
+        const T *xr = x + (ptrdiff_t)i * xs, *rr = hasr ? r + (ptrdiff_t)i * rs : NULL;
+        T *hr = hasr ? h + (ptrdiff_t)i * hs : NULL, *yr = y + (ptrdiff_t)i * ys;
+        size_t ahead = i + d < m ? d : 0;
+        const T *px = xr + (ptrdiff_t)ahead * xs, *pr = hasr ? rr + (ptrdiff_t)ahead * rs : px;
+        double ss = FN(reduce)(xr, rr, NULL, NULL, k, px, pr, hasr);
+        C rc = FN(rstd)(ss, xr, rr, k, eps);
+        rstd[i] = rc;
+        V vr = V_SET(rc);
+        RMS_PASS(FN(scale_range), yr, hasr ? hr : yr, k, stream, xr, rr, hr, yr, w, vr, hasr, hasw, before);
+    }
+}
+
+static void FN(fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
+                    ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd, size_t m,
+                    size_t k, double eps, int flags) {
+    const int before = (flags & RMS_CAST_BEFORE) && sizeof(T) < sizeof(C);
+    const int stream = (flags & RMS_STREAM) != 0;
+#define RMS_CALL(hr, hw, bf)                                                               \
+    FN(fwd_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, (const C *)w, \
+                 (C *)rstd, m, k, eps, stream, hr, hw, bf)
+    if (r) {
+        if (w)
+            RMS_IF(before, RMS_CALL(1, 1, 1), RMS_CALL(1, 1, 0));
+        else
+            RMS_CALL(1, 0, 0);
+    } else {
+        if (w)
+            RMS_IF(before, RMS_CALL(0, 1, 1), RMS_CALL(0, 1, 0));
+        else
+            RMS_CALL(0, 0, 0);
+    }
+#undef RMS_CALL
+    if (stream)
+        V_FENCE();
+}
+
+static double FN(sumsq)(const void *x, const void *r, void *h, size_t n) {
+    const T *a = (const T *)x;
+    if (r)
+        return FN(reduce)(a, (const T *)r, NULL, (T *)h, n, a, a, 1);
+    return FN(reduce)(a, NULL, NULL, NULL, n, a, a, 0);
+}
+
+static void FN(scale)(const void *x, void *y, const void *w, double rstd, size_t n, int flags) {
+    const T *xp = (const T *)x;
+    T *yp = (T *)y;
+    const C *wp = (const C *)w;
+    const V vr = V_SET((C)rstd);
+    const int before = (flags & RMS_CAST_BEFORE) && sizeof(T) < sizeof(C);
+    const int stream = (flags & RMS_STREAM) != 0;
+#define RMS_CALL(hw, bf)                                                                   \
+    RMS_PASS(FN(scale_range), yp, yp, n, stream, xp, NULL, NULL, yp, wp, vr, 0, hw, bf)
+    if (w)
+        RMS_IF(before, RMS_CALL(1, 1), RMS_CALL(1, 0));
+    else
+        RMS_CALL(0, 0);
+#undef RMS_CALL
+    if (stream)
+        V_FENCE();
+}
+
+/* ---------------------------------------------------------------- backward */
+
+RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
+                             ptrdiff_t dxs, const C *w, const C *rstd, C *dg, size_t m,
+                             size_t k, int stream, int store, const int hasw, const int hasdg) {
+    const size_t rb = k * sizeof(T);
+    const size_t d = rb > RMS_AHEAD_MAX ? 0 : (RMS_AHEAD + rb - 1) / rb;
+    for (size_t i = 0; i < m; i++) {
+        const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
+        T *dxr = dx + (ptrdiff_t)i * dxs;
+        size_t ahead = i + d < m ? d : 0;
+        double s = hasw ? FN(reduce)(dyr, xr, w, NULL, k, dyr + (ptrdiff_t)ahead * dys,
+                                     xr + (ptrdiff_t)ahead * xs, 3)
+                        : FN(reduce)(dyr, xr, NULL, NULL, k, dyr + (ptrdiff_t)ahead * dys,
+                                     xr + (ptrdiff_t)ahead * xs, 2);
+        const C rc = rstd[i];
+        const V vr = V_SET(rc), vnc = V_SET(-(C)rms_bwd_c(s, rc, k));
+        if (hasdg && i == 0 && store)
+            RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc,
+                     hasw, 2);
+        else
+            RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc,
+                     hasw, hasdg);
+    }
+}
+
+static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
+                    ptrdiff_t dxs, const void *w, const void *rstd, void *dg, size_t m,
+                    size_t k, int flags) {
+    const int stream = (flags & RMS_STREAM) != 0, store = (flags & RMS_DG_STORE) != 0;
+#define RMS_CALL(hw, hg)                                                                   \
+    FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, (const C *)w,         \
+                 (const C *)rstd, (C *)dg, m, k, stream, store, hw, hg)
+    if (w && dg)
+        RMS_CALL(1, 1);
+    else if (w)
+        RMS_CALL(1, 0);
+    else
+        RMS_CALL(0, 0);
+#undef RMS_CALL
+    if (stream)
+        V_FENCE();
+}
+
+static double FN(dot)(const void *dy, const void *x, const void *w, size_t n) {
+    const T *a = (const T *)dy, *b = (const T *)x;
+    if (w)
+        return FN(reduce)(a, b, (const C *)w, NULL, n, a, b, 3);
+    return FN(reduce)(a, b, NULL, NULL, n, a, b, 2);
+}
+
+static void FN(bwdp)(const void *dy, const void *x, const void *w, void *dx, double rstd,
+                     double c, void *dg, size_t n, int flags) {
+    const T *dyp = (const T *)dy, *xp = (const T *)x;
+    T *dxp = (T *)dx;
+    const C *wp = (const C *)w;
+    C *dgp = (C *)dg;
+    const V vr = V_SET((C)rstd), vnc = V_SET(-(C)c);
+    const int stream = (flags & RMS_STREAM) != 0;
+#define RMS_CALL(hw, hg)                                                                   \
+    RMS_PASS(FN(bwd_range), dxp, dxp, n, stream, dyp, xp, wp, dxp, dgp, vr, vnc, hw, hg)
+    if (w && dg)
+        RMS_IF(flags & RMS_DG_STORE, RMS_CALL(1, 2), RMS_CALL(1, 1));
+    else if (w)
+        RMS_CALL(1, 0);
+    else
+        RMS_CALL(0, 0);
+#undef RMS_CALL
+    if (stream)
+        V_FENCE();
+}
+
+/* ---------------------------------------------------------------- weights */
+
+static void FN(widen)(const void *src, void *dst, double offset, size_t n) {
+    const T *s = (const T *)src;
+    C *d = (C *)dst;
+    const V off = V_SET((C)offset);
+    size_t i = 0;
+    for (; i + W <= n; i += W)
+        VC_ST(d + i, V_ADD(off, V_LD(s + i)));
+    if (i < n)
+        VC_STP(d + i, V_ADD(off, V_LDP(s + i, n - i)), n - i);
+}
+
+static void FN(narrow)(const void *src, void *dst, size_t n) {
+    const C *s = (const C *)src;
+    T *d = (T *)dst;
+    size_t i = 0;
+    for (; i + W <= n; i += W)
+        V_ST(d + i, VC_LD(s + i));
+    if (i < n)
+        V_STP(d + i, VC_LDP(s + i, n - i), n - i);
+}
+
+#undef FN
+#undef LDX
+#undef LDCX
+#undef STX
+#undef STCX
+#undef RMS_PASS
+#undef T
+#undef C
+#undef SFX
+#undef V_LD
+#undef V_LDP
+#undef V_ST
+#undef V_STP
+#undef V_STNT
+#undef V_RND
+#undef S_LD
+#undef S_RND
