@@ -525,7 +525,8 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
             if (p->row != RMS_NONE)
                 p->s = kt->dot(AT(a->dy, p->row, a->dys, p->c0, es),
                                AT(a->x, p->row, a->xs, p->c0, es),
-                               j->w ? (const char *)j->w + p->c0 * cs : NULL, p->c1 - p->c0);
+                               j->w ? (const char *)j->w + p->c0 * cs : NULL,
+                               load_c(a->rstd, p->row, f64), p->c1 - p->c0);
         }
         j->sh[t] = s;
         if (s.r1 > s.r0)
@@ -539,7 +540,7 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
         if (p->row == RMS_NONE)
             continue;
         double r = load_c(a->rstd, p->row, f64);
-        double c = rms_bwd_c(row_sum(j->sh, nt, p->row), r, k);
+        double c = rms_bwd_c(row_sum(j->sh, nt, p->row), k);
         kt->bwd_piece(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es),
                       j->w ? (const char *)j->w + p->c0 * cs : NULL,
                       AT(a->dx, p->row, a->dxs, p->c0, es), r, f64 ? c : (double)(float)c, NULL,
@@ -656,14 +657,15 @@ static void dg_split_leaf(dg_job *j, size_t leaf, int t, int t0, int t1, int pha
     for (size_t i = r0; i < r1; i++) {
         if (phase == 0) {
             dots[i - r0] = c1 > c0 ? j->kt->dot(AT(a->dy, i, a->dys, c0, es),
-                                                AT(a->x, i, a->xs, c0, es), w, c1 - c0)
+                                                AT(a->x, i, a->xs, c0, es), w,
+                                                load_c(a->rstd, i, f64), c1 - c0)
                                    : 0.0;
             continue;
         }
         double s = 0.0, r = load_c(a->rstd, i, f64);
         for (int u = t0; u < t1; u++) /* in member order, so every member agrees */
             s += j->dots[(size_t)u * j->dots_n + i - r0];
-        double c = rms_bwd_c(s, r, a->k);
+        double c = rms_bwd_c(s, a->k);
         if (c1 > c0)
             j->kt->bwd_piece(AT(a->dy, i, a->dys, c0, es), AT(a->x, i, a->xs, c0, es), w,
                              AT(a->dx, i, a->dxs, c0, es), r, f64 ? c : (double)(float)c,

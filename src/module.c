@@ -935,11 +935,11 @@ static void capi_convert(int dtype, const void *src, void *dst, double offset, s
     rms_convert(&rms_isa_current()->k[dtype], dtype, src, dst, offset, n, widen, 1);
 }
 
-/* The driver widens a 16-bit weight on its own threads: hand it over as it is. */
+/* A 16-bit weight goes to the driver as it is for a few rows or long ones (the driver widens
+ * it on its own threads); for many short rows the caller widens it once and keeps it. The bits
+ * are the same either way. */
 static int capi_weight_as_is(int dtype, size_t m, size_t k) {
-    (void)m;
-    (void)k;
-    return sixteen_bit(dtype);
+    return sixteen_bit(dtype) && (m < 8 || k >= 8192);
 }
 
 static const rms_capi c_api = {RMS_CAPI_VERSION, capi_forward, capi_backward, capi_convert,

@@ -29,7 +29,7 @@ typedef struct {
     void (*fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h, ptrdiff_t hs,
                 void *y, ptrdiff_t ys, const void *w, void *rstd, size_t m, size_t k,
                 double eps, int flags);
-    /* Rows [0, m): c_i = rstd[i] * sum(dy_i * w * x_i) / k, dx_i = rstd[i] * (dy_i * w -
+    /* Rows [0, m): c_i = sum(dy_i * w * x_i * rstd[i]) / k, dx_i = rstd[i] * (dy_i * w -
      * x_i * rstd[i] * c_i) (dx may be dy or x), and dg += dy_i * x_i * rstd[i] in row order
      * (dg NULL: none; RMS_DG_STORE: row 0 stores). */
     void (*bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
@@ -41,8 +41,8 @@ typedef struct {
     double (*sumsq)(const void *x, const void *r, void *h, size_t n);
     /* y = x * rstd * w over n elements (fwd's second pass). */
     void (*scale)(const void *x, void *y, const void *w, double rstd, size_t n, int flags);
-    /* sum(dy * w * x) over n elements (w may be NULL). */
-    double (*dot)(const void *dy, const void *x, const void *w, size_t n);
+    /* sum(dy * w * x * rstd) over n elements (w may be NULL). */
+    double (*dot)(const void *dy, const void *x, const void *w, double rstd, size_t n);
     /* bwd's second pass over n elements, given the row's rstd and c. */
     void (*bwd_piece)(const void *dy, const void *x, const void *w, void *dx, double rstd,
                       double c, void *dg, size_t n, int flags);
@@ -71,10 +71,8 @@ static inline double rms_rstd(double ss, size_t n, double eps) {
     return 1.0 / sqrt(ss / (double)n + eps);
 }
 
-/* The backward's c from the row's sum(dy * w * x) (rounded by the caller). */
-static inline double rms_bwd_c(double dot, double rstd, size_t n) {
-    return rstd * dot / (double)n;
-}
+/* The backward's c from the row's sum(dy * w * x * rstd) (rounded by the caller). */
+static inline double rms_bwd_c(double dot, size_t n) { return dot / (double)n; }
 
 extern const rms_isa_table rms_isa_scalar;
 #if defined(RMSNORM_HAVE_AVX2)

@@ -77,10 +77,11 @@ RMS_INLINE void FN(pf4)(const T *p) {
 }
 
 /* ---------------------------------------------------------------- reductions
- * kind: 0 sum x^2; 1 sum round(x + r)^2 (h stored when h is not NULL); 2 sum a * b; 3 sum
- * a * b * w. pa, pb: the rows ahead to prefetch (the row itself when there is none). */
-RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const C *w, T *h, size_t i, const size_t t,
-                      const int kind) {
+ * kind: 0 sum x^2; 1 sum round(x + r)^2 (h stored when h is not NULL); 2 sum a * (b * r); 3
+ * sum (a * w) * (b * r): the backward's dy * w * xhat, with xhat formed first so that rows of
+ * huge x do not overflow. pa, pb: the rows ahead to prefetch (the row itself when there is none). */
+RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const C *w, V vr, T *h, size_t i,
+                      const size_t t, const int kind) {
     V u = LDX(a + i, t);
     if (kind == 0)
         return V_FMA(u, u, acc);
@@ -93,11 +94,12 @@ RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const C *w, T *h, size_t i,
     }
     if (kind == 3)
         u = V_MUL(u, LDCX(w + i, t));
-    return V_FMA(u, v, acc);
+    return V_FMA(u, V_MUL(v, vr), acc);
 }
 
-RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, T *h, size_t n, const T *pa,
-                             const T *pb, const int kind) {
+RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, C r, T *h, size_t n,
+                             const T *pa, const T *pb, const int kind) {
+    const V vr = V_SET(r);
     A l = A_ZERO, hi = A_ZERO;
     const V z = V_SET((C)0);
     size_t i = 0;
@@ -107,18 +109,18 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, T *h, size_t n,
             FN(pf4)(pa + i);
             if (kind != 0)
                 FN(pf4)(pb + i);
-            s0 = FN(term)(s0, a, b, w, h, i, W, kind);
-            s1 = FN(term)(s1, a, b, w, h, i + W, W, kind);
-            s2 = FN(term)(s2, a, b, w, h, i + 2 * W, W, kind);
-            s3 = FN(term)(s3, a, b, w, h, i + 3 * W, W, kind);
+            s0 = FN(term)(s0, a, b, w, vr, h, i, W, kind);
+            s1 = FN(term)(s1, a, b, w, vr, h, i + W, W, kind);
+            s2 = FN(term)(s2, a, b, w, vr, h, i + 2 * W, W, kind);
+            s3 = FN(term)(s3, a, b, w, vr, h, i + 3 * W, W, kind);
         }
         A_ACC(l, hi, V_ADD(V_ADD(s0, s1), V_ADD(s2, s3)));
     }
     V s = z;
     for (; i + W <= n; i += W)
-        s = FN(term)(s, a, b, w, h, i, W, kind);
+        s = FN(term)(s, a, b, w, vr, h, i, W, kind);
     if (i < n)
-        s = FN(term)(s, a, b, w, h, i, n - i, kind);
+        s = FN(term)(s, a, b, w, vr, h, i, n - i, kind);
     A_ACC(l, hi, s);
     return A_SUM(l, hi);
 }
@@ -238,7 +240,7 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
         T *hr = hasr ? h + (ptrdiff_t)i * hs : NULL, *yr = y + (ptrdiff_t)i * ys;
         size_t ahead = i + d < m ? d : 0;
         const T *px = xr + (ptrdiff_t)ahead * xs, *pr = hasr ? rr + (ptrdiff_t)ahead * rs : px;
-        double ss = FN(reduce)(xr, rr, NULL, NULL, k, px, pr, hasr);
+        double ss = FN(reduce)(xr, rr, NULL, (C)1, NULL, k, px, pr, hasr);
         C rc = FN(rstd)(ss, xr, rr, k, eps);
         rstd[i] = rc;
         V vr = V_SET(rc);
@@ -273,8 +275,8 @@ static void FN(fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, vo
 static double FN(sumsq)(const void *x, const void *r, void *h, size_t n) {
     const T *a = (const T *)x;
     if (r)
-        return FN(reduce)(a, (const T *)r, NULL, (T *)h, n, a, a, 1);
-    return FN(reduce)(a, NULL, NULL, NULL, n, a, a, 0);
+        return FN(reduce)(a, (const T *)r, NULL, (C)1, (T *)h, n, a, a, 1);
+    return FN(reduce)(a, NULL, NULL, (C)1, NULL, n, a, a, 0);
 }
 
 static void FN(scale)(const void *x, void *y, const void *w, double rstd, size_t n, int flags) {
@@ -306,12 +308,12 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
         const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
         T *dxr = dx + (ptrdiff_t)i * dxs;
         size_t ahead = i + d < m ? d : 0;
-        double s = hasw ? FN(reduce)(dyr, xr, w, NULL, k, dyr + (ptrdiff_t)ahead * dys,
-                                     xr + (ptrdiff_t)ahead * xs, 3)
-                        : FN(reduce)(dyr, xr, NULL, NULL, k, dyr + (ptrdiff_t)ahead * dys,
-                                     xr + (ptrdiff_t)ahead * xs, 2);
         const C rc = rstd[i];
-        const V vr = V_SET(rc), vnc = V_SET(-(C)rms_bwd_c(s, rc, k));
+        double s = hasw ? FN(reduce)(dyr, xr, w, rc, NULL, k, dyr + (ptrdiff_t)ahead * dys,
+                                     xr + (ptrdiff_t)ahead * xs, 3)
+                        : FN(reduce)(dyr, xr, NULL, rc, NULL, k, dyr + (ptrdiff_t)ahead * dys,
+                                     xr + (ptrdiff_t)ahead * xs, 2);
+        const V vr = V_SET(rc), vnc = V_SET(-(C)rms_bwd_c(s, k));
         if (hasdg && i == 0 && store)
             RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc,
                      hasw, 2);
@@ -339,11 +341,11 @@ static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, 
         V_FENCE();
 }
 
-static double FN(dot)(const void *dy, const void *x, const void *w, size_t n) {
+static double FN(dot)(const void *dy, const void *x, const void *w, double rstd, size_t n) {
     const T *a = (const T *)dy, *b = (const T *)x;
     if (w)
-        return FN(reduce)(a, b, (const C *)w, NULL, n, a, b, 3);
-    return FN(reduce)(a, b, NULL, NULL, n, a, b, 2);
+        return FN(reduce)(a, b, (const C *)w, (C)rstd, NULL, n, a, b, 3);
+    return FN(reduce)(a, b, NULL, (C)rstd, NULL, n, a, b, 2);
 }
 
 static void FN(bwdp)(const void *dy, const void *x, const void *w, void *dx, double rstd,
