@@ -321,19 +321,36 @@ static char *scratch_rows(size_t n, size_t bytes) {
     return p;
 }
 
-/* The weights as the kernels read them: the compute type with the offset added. *own is a
- * row to free, or NULL. Returns -1 when it cannot be allocated. */
-static int compute_weights(const rms_isa_table *isa, int dtype, const void *w, int w_dtype,
-                           double offset, size_t k, int nthreads, const void **out, void **own) {
+/* A 16-bit weight of x's dtype (offset 0) goes to the kernels as it is (RMS_W_STORAGE) for
+ * fewer than this many rows, which would not pay back its widening, or rows of RMS_W_AS_IS_K
+ * or more, whose float32 row would crowd L1 beside the rows (benchmarks/NOTES.md). */
+#define RMS_W_AS_IS_ROWS 8
+#define RMS_W_AS_IS_K 8192
+
+/* The weights as the kernels read them: *out, with RMS_W_STORAGE in *flags where they are x's
+ * 16-bit type, else the compute type with the offset added; *own is a row to free, or NULL.
+ * Returns -1 when it cannot be allocated. */
+static int kernel_weights(const rms_isa_table *isa, int dtype, const void *w, int w_dtype,
+                          double offset, size_t m, size_t k, int nthreads, const void **out,
+                          void **own, int *flags) {
     *own = NULL;
     *out = w;
     if (!w || (w_dtype == compute_dtype(dtype) && offset == 0.0))
         return 0;
+    if (w_dtype == dtype && offset == 0.0 && (m < RMS_W_AS_IS_ROWS || k >= RMS_W_AS_IS_K)) {
+        *flags |= RMS_W_STORAGE;
+        return 0;
+    }
     if (!(*own = malloc(k * csize(dtype) + 64)))
         return -1;
     rms_convert(&isa->k[w_dtype], w_dtype, w, *own, offset, k, 1, nthreads);
     *out = *own;
     return 0;
+}
+
+/* Bytes of one weight as the kernels read it. */
+static size_t wbytes(int dtype, int flags) {
+    return flags & RMS_W_STORAGE ? rms_esize(dtype) : csize(dtype);
 }
 
 /* ---------------------------------------------------------------- the element split */
@@ -407,7 +424,7 @@ typedef struct {
     const rms_fwd_args *a;
     const void *w;
     int flags, by_rows;
-    share sh[RMS_MAX_THREADS];
+    share sh[]; /* one a member */
 } fwd_job;
 
 /* The second phase (rescue) only where a shared row's sum of squares is unusable. */
@@ -471,7 +488,8 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
         if (p->c0 == 0)
             store_c(a->rstd, p->row, r, f64);
         kt->scale(AT(src, p->row, ss, p->c0, es), AT(a->y, p->row, a->ys, p->c0, es),
-                  j->w ? (const char *)j->w + p->c0 * cs : NULL, r, p->c1 - p->c0, j->flags);
+                  j->w ? (const char *)j->w + p->c0 * wbytes(a->dtype, j->flags) : NULL, r,
+                  p->c1 - p->c0, j->flags);
     }
 }
 
@@ -483,17 +501,19 @@ int rms_forward(const rms_isa_table *isa, const rms_fwd_args *a, int nthreads,
         return 0;
     }
     int nt = team_size(total, nthreads, pool, a->m > 1 ? total : a->k / 16 + 1);
-    fwd_job *j = malloc(sizeof *j);
+    /* OpenMP may give fewer members than asked, never more */
+    fwd_job *j = malloc(sizeof *j + (size_t)nt * sizeof(share));
     void *own_w;
-    if (!j || compute_weights(isa, a->dtype, a->w, a->w_dtype, a->w_offset, a->k, nthreads,
-                              &j->w, &own_w) < 0) {
+    int flags = (a->flags & RMS_CAST_BEFORE) |
+                (total * es * (a->r ? 2 : 1) >= rms_stream_bytes(NULL) ? RMS_STREAM : 0);
+    if (!j || kernel_weights(isa, a->dtype, a->w, a->w_dtype, a->w_offset, a->m, a->k, nthreads,
+                             &j->w, &own_w, &flags) < 0) {
         free(j);
         return -1;
     }
     j->kt = &isa->k[a->dtype];
     j->a = a;
-    j->flags = (a->flags & RMS_CAST_BEFORE) |
-               (total * es * (a->r ? 2 : 1) >= rms_stream_bytes(NULL) ? RMS_STREAM : 0);
+    j->flags = flags;
     j->by_rows = nt == 1 || split_by_rows(a->m, nt);
     run_team(nt, j->by_rows ? 1 : 3, fwd_phase, fwd_skip, j, pool);
     free(own_w);
@@ -508,7 +528,7 @@ typedef struct {
     const rms_bwd_args *a;
     const void *w;
     int flags, by_rows;
-    share sh[RMS_MAX_THREADS];
+    share sh[]; /* one a member */
 } bwd_job;
 
 /* Phase 0: the pieces' dot products, and the whole rows. Phase 1: the pieces' dx. */
@@ -525,8 +545,9 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
             if (p->row != RMS_NONE)
                 p->s = kt->dot(AT(a->dy, p->row, a->dys, p->c0, es),
                                AT(a->x, p->row, a->xs, p->c0, es),
-                               j->w ? (const char *)j->w + p->c0 * cs : NULL,
-                               load_c(a->rstd, p->row, f64), p->c1 - p->c0);
+                               j->w ? (const char *)j->w + p->c0 * wbytes(a->dtype, j->flags)
+                                    : NULL,
+                               load_c(a->rstd, p->row, f64), p->c1 - p->c0, j->flags);
         }
         j->sh[t] = s;
         if (s.r1 > s.r0)
@@ -542,7 +563,7 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
         double r = load_c(a->rstd, p->row, f64);
         double c = rms_bwd_c(row_sum(j->sh, nt, p->row), k);
         kt->bwd_piece(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es),
-                      j->w ? (const char *)j->w + p->c0 * cs : NULL,
+                      j->w ? (const char *)j->w + p->c0 * wbytes(a->dtype, j->flags) : NULL,
                       AT(a->dx, p->row, a->dxs, p->c0, es), r, f64 ? c : (double)(float)c, NULL,
                       p->c1 - p->c0, j->flags);
     }
@@ -652,13 +673,13 @@ static void dg_split_leaf(dg_job *j, size_t leaf, int t, int t0, int t1, int pha
     leaf_rows(j, leaf, &r0, &r1);
     chunk(a->k, t - t0, t1 - t0, a->k >= (size_t)(t1 - t0) * 64 ? 16 : 1, &c0, &c1);
     char *row = j->rows + leaf * j->pitch;
-    const char *w = j->w ? (const char *)j->w + c0 * cs : NULL;
+    const char *w = j->w ? (const char *)j->w + c0 * wbytes(a->dtype, j->flags) : NULL;
     double *dots = j->dots + (size_t)t * j->dots_n;
     for (size_t i = r0; i < r1; i++) {
         if (phase == 0) {
             dots[i - r0] = c1 > c0 ? j->kt->dot(AT(a->dy, i, a->dys, c0, es),
                                                 AT(a->x, i, a->xs, c0, es), w,
-                                                load_c(a->rstd, i, f64), c1 - c0)
+                                                load_c(a->rstd, i, f64), c1 - c0, j->flags)
                                    : 0.0;
             continue;
         }
@@ -754,18 +775,17 @@ int rms_backward(const rms_isa_table *isa, const rms_bwd_args *a, int nthreads,
     }
     const void *w;
     void *own_w;
-    if (compute_weights(isa, a->dtype, a->w, a->w_dtype, a->w_offset, a->k, nthreads, &w,
-                        &own_w) < 0)
-        return -1;
     int flags = total * es >= rms_stream_bytes(NULL) ? RMS_STREAM : 0, rc = 0;
+    if (kernel_weights(isa, a->dtype, a->w, a->w_dtype, a->w_offset, a->m, a->k, nthreads, &w,
+                       &own_w, &flags) < 0)
+        return -1;
     if (a->dgamma && a->w) {
         rc = bwd_dgamma(isa, a, w, flags, nthreads, pool);
     } else {
-        bwd_job *j = malloc(sizeof *j);
+        int nt = team_size(total, nthreads, pool, a->m > 1 ? total : a->k / 16 + 1);
+        bwd_job *j = malloc(sizeof *j + (size_t)nt * sizeof(share));
         if (j) {
-            int nt = team_size(total, nthreads, pool, a->m > 1 ? total : a->k / 16 + 1);
-            *j = (bwd_job){&isa->k[a->dtype], a, w, flags, nt == 1 || split_by_rows(a->m, nt),
-                           {{0}}};
+            *j = (bwd_job){&isa->k[a->dtype], a, w, flags, nt == 1 || split_by_rows(a->m, nt)};
             run_team(nt, j->by_rows ? 1 : 2, bwd_phase, NULL, j, pool);
         }
         rc = j ? 0 : -1;
@@ -784,7 +804,14 @@ void rms_convert(const rms_kernels *kt, int dtype, const void *src, void *dst, d
     size_t es = rms_esize(dtype), cs = csize(dtype);
     size_t in = widen ? es : cs, out = widen ? cs : es;
     int nt = team_size(n, nthreads, NULL, n / 64 + 1);
-#pragma omp parallel num_threads(nt) if (nt > 1)
+    if (nt == 1) { /* no parallel region at all: even a serial one costs a microsecond */
+        if (widen)
+            kt->widen(src, dst, offset, n);
+        else
+            kt->narrow(src, dst, n);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
     {
         int t = thread_id(), team = team_threads();
         size_t i0, i1;

@@ -15,11 +15,13 @@ enum rms_dtype { RMS_F32 = 0, RMS_F64 = 1, RMS_F16 = 2, RMS_BF16 = 3, RMS_NDTYPE
 enum {
     RMS_CAST_BEFORE = 1, /* y = round(x * rstd) * w rather than round(x * rstd * w) */
     RMS_STREAM = 2,      /* outputs bypass the cache (non-temporal stores) where aligned */
-    RMS_DG_STORE = 4     /* backward: the first row stores its dgamma terms, later rows add */
+    RMS_DG_STORE = 4,    /* backward: the first row stores its dgamma terms, later rows add */
+    RMS_W_STORAGE = 8    /* w holds x's storage type, not the compute type */
 };
 
 /* Pointers are void so that one table type serves every dtype. x, r, h, y, dy, dx hold the
- * storage type; w, rstd and dg hold the compute type. Strides are in elements and may be
+ * storage type; rstd and dg the compute type; w the compute type, or with RMS_W_STORAGE x's
+ * storage type (a 16-bit weight read as it is, for a few rows or long ones). Strides are in elements and may be
  * negative. Every buffer is aligned to its element type. */
 typedef struct {
     /* Rows [0, m): rstd[i] = 1 / sqrt(mean(h_i^2) + eps) and y_i = h_i * rstd[i] * w, where
@@ -41,8 +43,9 @@ typedef struct {
     double (*sumsq)(const void *x, const void *r, void *h, size_t n);
     /* y = x * rstd * w over n elements (fwd's second pass). */
     void (*scale)(const void *x, void *y, const void *w, double rstd, size_t n, int flags);
-    /* sum(dy * w * x * rstd) over n elements (w may be NULL). */
-    double (*dot)(const void *dy, const void *x, const void *w, double rstd, size_t n);
+    /* sum(dy * w * x * rstd) over n elements (w may be NULL; flags: RMS_W_STORAGE). */
+    double (*dot)(const void *dy, const void *x, const void *w, double rstd, size_t n,
+                  int flags);
     /* bwd's second pass over n elements, given the row's rstd and c. */
     void (*bwd_piece)(const void *dy, const void *x, const void *w, void *dx, double rstd,
                       double c, void *dg, size_t n, int flags);

@@ -37,6 +37,11 @@
  * the hardware's own prefetcher, which follows one long stream well). */
 #define RMS_AHEAD 8192
 #define RMS_AHEAD_MAX (256 * 1024)
+#ifndef RMS_PF2
+#define RMS_PF2 1
+#endif
+/* Vectors a line holds (at least one) */
+#define RMS_LV(T, W) (RMS_LINE / ((W) * sizeof(T)) ? RMS_LINE / ((W) * sizeof(T)) : 1)
 #define RMS_ENTRY(sfx)                                                                     \
     {                                                                                      \
         rmsnorm_fwd_##sfx, rmsnorm_bwd_##sfx, rmsnorm_sumsq_##sfx, rmsnorm_scale_##sfx,    \
@@ -66,6 +71,14 @@
             VC_STP((p), (v), (t));                                                         \
     } while (0)
 
+/* t weights at offset i: the compute type (hw 1) or x's storage type (2), widened as it is
+ * loaded with + 0 as widen adds its offset, so that a weight of -0 acts as +0 either way. */
+#define LDW(w, i, t, hw)                                                                   \
+    ((hw) == 2 ? V_ADD(LDX((const T *)(w) + (i), t), V_SET((C)0))                          \
+               : LDCX((const C *)(w) + (i), t))
+/* hw for a call: RMS_W_STORAGE matters only where the storage type is not the compute type */
+#define RMS_HW(flags) (((flags) & RMS_W_STORAGE) && sizeof(T) < sizeof(C) ? 2 : 1)
+
 /* Prefetches the lines of the 4 * W elements at p (into L2). */
 RMS_INLINE void FN(pf4)(const T *p) {
 #if RMS_PF
@@ -76,11 +89,28 @@ RMS_INLINE void FN(pf4)(const T *p) {
 #endif
 }
 
+/* The second pass prefetches the line at offset i of the rows ahead pf and pf2 (when two),
+ * so that memory fetches the next rows while the core computes this one. */
+RMS_INLINE void FN(pf_line)(const T *pf, const T *pf2, size_t i, const int two) {
+#if RMS_PF
+    if (RMS_PF2 && pf) {
+        __builtin_prefetch(pf + i, 0, 2);
+        if (two)
+            __builtin_prefetch(pf2 + i, 0, 2);
+    }
+#else
+    (void)pf;
+    (void)pf2;
+    (void)i;
+    (void)two;
+#endif
+}
+
 /* ---------------------------------------------------------------- reductions
  * kind: 0 sum x^2; 1 sum round(x + r)^2 (h stored when h is not NULL); 2 sum a * (b * r); 3
- * sum (a * w) * (b * r): the backward's dy * w * xhat, with xhat formed first so that rows of
+ * (4: w in the storage type) sum (a * w) * (b * r): the backward's dy * w * xhat, with xhat formed first so that rows of
  * huge x do not overflow. pa, pb: the rows ahead to prefetch (the row itself when there is none). */
-RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const C *w, V vr, T *h, size_t i,
+RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const void *w, V vr, T *h, size_t i,
                       const size_t t, const int kind) {
     V u = LDX(a + i, t);
     if (kind == 0)
@@ -92,12 +122,12 @@ RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const C *w, V vr, T *h, siz
             STX(h + i, s, t, 0);
         return V_FMA(s, s, acc);
     }
-    if (kind == 3)
-        u = V_MUL(u, LDCX(w + i, t));
+    if (kind >= 3)
+        u = V_MUL(u, LDW(w, i, t, kind - 2));
     return V_FMA(u, V_MUL(v, vr), acc);
 }
 
-RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, C r, T *h, size_t n,
+RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, T *h, size_t n,
                              const T *pa, const T *pb, const int kind) {
     const V vr = V_SET(r);
     A l = A_ZERO, hi = A_ZERO;
@@ -106,9 +136,11 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const C *w, C r, T *h, size
     while (i + 4 * W <= n) {
         V s0 = z, s1 = z, s2 = z, s3 = z;
         for (int it = 0; it < RMS_FLUSH && i + 4 * W <= n; it++, i += 4 * W) {
-            FN(pf4)(pa + i);
-            if (kind != 0)
-                FN(pf4)(pb + i);
+            if (!RMS_PF2) {
+                FN(pf4)(pa + i);
+                if (kind != 0)
+                    FN(pf4)(pb + i);
+            }
             s0 = FN(term)(s0, a, b, w, vr, h, i, W, kind);
             s1 = FN(term)(s1, a, b, w, vr, h, i + W, W, kind);
             s2 = FN(term)(s2, a, b, w, vr, h, i + 2 * W, W, kind);
@@ -155,9 +187,9 @@ RMS_INLINE C FN(rstd)(double ss, const T *x, const T *r, size_t n, double eps) {
 /* ---------------------------------------------------------------- second passes
  * Elements [i0, i1) of a row (the last three arguments, which RMS_PASS appends); nt:
  * non-temporal stores (the range then starts on a line). */
-RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const C *w, V vr,
-                                const int hasr, const int hasw, const int before, size_t i0,
-                                size_t i1, const int nt) {
+RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const void *w, V vr,
+                                const T *pf, const T *pf2, const int hasr, const int hasw,
+                                const int before, size_t i0, size_t i1, const int nt) {
 #define RMS_STEP(i, t)                                                                     \
     do {                                                                                   \
         V v = LDX(x + (i), t);                                                             \
@@ -169,10 +201,16 @@ RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const C *w, 
         if (before)                                                                        \
             v = V_RND(v);                                                                  \
         if (hasw)                                                                          \
-            v = V_MUL(v, LDCX(w + (i), t));                                                \
+            v = V_MUL(v, LDW(w, i, t, hasw));                                              \
         STX(y + (i), v, t, nt);                                                            \
     } while (0)
     size_t i = i0;
+    const size_t lv = RMS_LV(T, W);
+    for (; i + lv * W <= i1; i += lv * W) {
+        FN(pf_line)(pf, pf2, i, hasr);
+        for (size_t j = 0; j < lv; j++)
+            RMS_STEP(i + j * W, W);
+    }
     for (; i + W <= i1; i += W)
         RMS_STEP(i, W);
     if (i < i1)
@@ -180,13 +218,13 @@ RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const C *w, 
 #undef RMS_STEP
 }
 
-RMS_INLINE void FN(bwd_range)(const T *dy, const T *x, const C *w, T *dx, C *dg, V vr, V vnc,
-                              const int hasw, const int dgm, size_t i0, size_t i1,
-                              const int nt) {
+RMS_INLINE void FN(bwd_range)(const T *dy, const T *x, const void *w, T *dx, C *dg, V vr, V vnc,
+                              const T *pf, const T *pf2, const int hasw, const int dgm,
+                              size_t i0, size_t i1, const int nt) {
 #define RMS_STEP(i, t)                                                                     \
     do {                                                                                   \
         V d = LDX(dy + (i), t), xh = V_MUL(LDX(x + (i), t), vr);                           \
-        V g = hasw ? V_MUL(d, LDCX(w + (i), t)) : d;                                       \
+        V g = hasw ? V_MUL(d, LDW(w, i, t, hasw)) : d;                                     \
         STX(dx + (i), V_MUL(vr, V_FMA(xh, vnc, g)), t, nt);                                \
         if (dgm == 1)                                                                      \
             STCX(dg + (i), V_FMA(d, xh, LDCX(dg + (i), t)), t);                            \
@@ -194,6 +232,12 @@ RMS_INLINE void FN(bwd_range)(const T *dy, const T *x, const C *w, T *dx, C *dg,
             STCX(dg + (i), V_MUL(d, xh), t);                                               \
     } while (0)
     size_t i = i0;
+    const size_t lv = RMS_LV(T, W);
+    for (; i + lv * W <= i1; i += lv * W) {
+        FN(pf_line)(pf, pf2, i, 1);
+        for (size_t j = 0; j < lv; j++)
+            RMS_STEP(i + j * W, W);
+    }
     for (; i + W <= i1; i += W)
         RMS_STEP(i, W);
     if (i < i1)
@@ -230,7 +274,7 @@ RMS_INLINE size_t FN(head)(const T *out, size_t n) {
 /* ---------------------------------------------------------------- forward and add */
 
 RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
-                             ptrdiff_t hs, T *y, ptrdiff_t ys, const C *w, C *rstd, size_t m,
+                             ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                              size_t k, double eps, int stream, const int hasr, const int hasw,
                              const int before) {
     const size_t rb = k * sizeof(T);
@@ -244,7 +288,9 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
         C rc = FN(rstd)(ss, xr, rr, k, eps);
         rstd[i] = rc;
         V vr = V_SET(rc);
-        RMS_PASS(FN(scale_range), yr, hasr ? hr : yr, k, stream, xr, rr, hr, yr, w, vr, hasr, hasw, before);
+        const T *pfx = ahead ? px : NULL;
+        RMS_PASS(FN(scale_range), yr, hasr ? hr : yr, k, stream, xr, rr, hr, yr, w, vr, pfx, pr,
+                 hasr, hasw, before);
     }
 }
 
@@ -254,19 +300,22 @@ static void FN(fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, vo
     const int before = (flags & RMS_CAST_BEFORE) && sizeof(T) < sizeof(C);
     const int stream = (flags & RMS_STREAM) != 0;
 #define RMS_CALL(hr, hw, bf)                                                               \
-    FN(fwd_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, (const C *)w, \
-                 (C *)rstd, m, k, eps, stream, hr, hw, bf)
-    if (r) {
-        if (w)
-            RMS_IF(before, RMS_CALL(1, 1, 1), RMS_CALL(1, 1, 0));
-        else
-            RMS_CALL(1, 0, 0);
-    } else {
-        if (w)
-            RMS_IF(before, RMS_CALL(0, 1, 1), RMS_CALL(0, 1, 0));
-        else
-            RMS_CALL(0, 0, 0);
-    }
+    FN(fwd_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m, \
+                 k, eps, stream, hr, hw, bf)
+#define RMS_CALL_W(hr)                                                                     \
+    do {                                                                                   \
+        if (!w)                                                                            \
+            RMS_CALL(hr, 0, 0);                                                            \
+        else if (RMS_HW(flags) == 2)                                                       \
+            RMS_IF(before, RMS_CALL(hr, 2, 1), RMS_CALL(hr, 2, 0));                        \
+        else                                                                               \
+            RMS_IF(before, RMS_CALL(hr, 1, 1), RMS_CALL(hr, 1, 0));                        \
+    } while (0)
+    if (r)
+        RMS_CALL_W(1);
+    else
+        RMS_CALL_W(0);
+#undef RMS_CALL_W
 #undef RMS_CALL
     if (stream)
         V_FENCE();
@@ -282,16 +331,18 @@ static double FN(sumsq)(const void *x, const void *r, void *h, size_t n) {
 static void FN(scale)(const void *x, void *y, const void *w, double rstd, size_t n, int flags) {
     const T *xp = (const T *)x;
     T *yp = (T *)y;
-    const C *wp = (const C *)w;
     const V vr = V_SET((C)rstd);
     const int before = (flags & RMS_CAST_BEFORE) && sizeof(T) < sizeof(C);
     const int stream = (flags & RMS_STREAM) != 0;
 #define RMS_CALL(hw, bf)                                                                   \
-    RMS_PASS(FN(scale_range), yp, yp, n, stream, xp, NULL, NULL, yp, wp, vr, 0, hw, bf)
-    if (w)
-        RMS_IF(before, RMS_CALL(1, 1), RMS_CALL(1, 0));
-    else
+    RMS_PASS(FN(scale_range), yp, yp, n, stream, xp, NULL, NULL, yp, w, vr, NULL, NULL, 0, hw, \
+             bf)
+    if (!w)
         RMS_CALL(0, 0);
+    else if (RMS_HW(flags) == 2)
+        RMS_IF(before, RMS_CALL(2, 1), RMS_CALL(2, 0));
+    else
+        RMS_IF(before, RMS_CALL(1, 1), RMS_CALL(1, 0));
 #undef RMS_CALL
     if (stream)
         V_FENCE();
@@ -300,7 +351,7 @@ static void FN(scale)(const void *x, void *y, const void *w, double rstd, size_t
 /* ---------------------------------------------------------------- backward */
 
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
-                             ptrdiff_t dxs, const C *w, const C *rstd, C *dg, size_t m,
+                             ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m,
                              size_t k, int stream, int store, const int hasw, const int hasdg) {
     const size_t rb = k * sizeof(T);
     const size_t d = rb > RMS_AHEAD_MAX ? 0 : (RMS_AHEAD + rb - 1) / rb;
@@ -310,15 +361,16 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
         size_t ahead = i + d < m ? d : 0;
         const C rc = rstd[i];
         double s = hasw ? FN(reduce)(dyr, xr, w, rc, NULL, k, dyr + (ptrdiff_t)ahead * dys,
-                                     xr + (ptrdiff_t)ahead * xs, 3)
+                                     xr + (ptrdiff_t)ahead * xs, 2 + hasw)
                         : FN(reduce)(dyr, xr, NULL, rc, NULL, k, dyr + (ptrdiff_t)ahead * dys,
                                      xr + (ptrdiff_t)ahead * xs, 2);
         const V vr = V_SET(rc), vnc = V_SET(-(C)rms_bwd_c(s, k));
+        const T *pdy = ahead ? dyr + (ptrdiff_t)ahead * dys : NULL, *px = xr + (ptrdiff_t)ahead * xs;
         if (hasdg && i == 0 && store)
-            RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc,
+            RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc, pdy, px,
                      hasw, 2);
         else
-            RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc,
+            RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc, pdy, px,
                      hasw, hasdg);
     }
 }
@@ -328,12 +380,13 @@ static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, 
                     size_t k, int flags) {
     const int stream = (flags & RMS_STREAM) != 0, store = (flags & RMS_DG_STORE) != 0;
 #define RMS_CALL(hw, hg)                                                                   \
-    FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, (const C *)w,         \
-                 (const C *)rstd, (C *)dg, m, k, stream, store, hw, hg)
+    FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w, (const C *)rstd,   \
+                 (C *)dg, m, k, stream, store, hw, hg)
+    const int hw = RMS_HW(flags);
     if (w && dg)
-        RMS_CALL(1, 1);
+        RMS_IF(hw == 2, RMS_CALL(2, 1), RMS_CALL(1, 1));
     else if (w)
-        RMS_CALL(1, 0);
+        RMS_IF(hw == 2, RMS_CALL(2, 0), RMS_CALL(1, 0));
     else
         RMS_CALL(0, 0);
 #undef RMS_CALL
@@ -341,10 +394,13 @@ static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, 
         V_FENCE();
 }
 
-static double FN(dot)(const void *dy, const void *x, const void *w, double rstd, size_t n) {
+static double FN(dot)(const void *dy, const void *x, const void *w, double rstd, size_t n,
+                      int flags) {
     const T *a = (const T *)dy, *b = (const T *)x;
+    if (w && RMS_HW(flags) == 2)
+        return FN(reduce)(a, b, w, (C)rstd, NULL, n, a, b, 4);
     if (w)
-        return FN(reduce)(a, b, (const C *)w, (C)rstd, NULL, n, a, b, 3);
+        return FN(reduce)(a, b, w, (C)rstd, NULL, n, a, b, 3);
     return FN(reduce)(a, b, NULL, (C)rstd, NULL, n, a, b, 2);
 }
 
@@ -352,16 +408,18 @@ static void FN(bwdp)(const void *dy, const void *x, const void *w, void *dx, dou
                      double c, void *dg, size_t n, int flags) {
     const T *dyp = (const T *)dy, *xp = (const T *)x;
     T *dxp = (T *)dx;
-    const C *wp = (const C *)w;
     C *dgp = (C *)dg;
     const V vr = V_SET((C)rstd), vnc = V_SET(-(C)c);
-    const int stream = (flags & RMS_STREAM) != 0;
+    const int stream = (flags & RMS_STREAM) != 0, hw = RMS_HW(flags);
 #define RMS_CALL(hw, hg)                                                                   \
-    RMS_PASS(FN(bwd_range), dxp, dxp, n, stream, dyp, xp, wp, dxp, dgp, vr, vnc, hw, hg)
-    if (w && dg)
-        RMS_IF(flags & RMS_DG_STORE, RMS_CALL(1, 2), RMS_CALL(1, 1));
+    RMS_PASS(FN(bwd_range), dxp, dxp, n, stream, dyp, xp, w, dxp, dgp, vr, vnc, NULL, NULL, hw, \
+             hg)
+    if (w && dg && (flags & RMS_DG_STORE))
+        RMS_IF(hw == 2, RMS_CALL(2, 2), RMS_CALL(1, 2));
+    else if (w && dg)
+        RMS_IF(hw == 2, RMS_CALL(2, 1), RMS_CALL(1, 1));
     else if (w)
-        RMS_CALL(1, 0);
+        RMS_IF(hw == 2, RMS_CALL(2, 0), RMS_CALL(1, 0));
     else
         RMS_CALL(0, 0);
 #undef RMS_CALL
