@@ -255,14 +255,40 @@ RMS_INLINE size_t FN(head)(const T *out, size_t n) {
     return head < n ? head : n;
 }
 
-/* A second pass over n elements (outputs out and out2, which may be the same): streamed (whole lines non-temporally, the partial lines at
- * either end plainly) when `stream` and the outputs allow, else plainly. */
+/* A second pass over n elements (outputs out and out2, which may be the same): streamed (whole
+ * lines non-temporally, the partial lines at either end plainly) when `stream` and the outputs
+ * allow, else plainly. A row longer than RMS_BACK bytes takes its second pass from the end
+ * backwards, RMS_BACK_CHUNK elements at a time: its first pass left the row's end in cache, and
+ * its start went out of it first. */
+#define RMS_BACK (512 * 1024)
+#define RMS_BACK_CHUNK 4096
 #define RMS_PASS(RANGE, out, out2, n, stream, ...)                                         \
     do {                                                                                   \
-        size_t hd_ = (stream) ? FN(head)(out, n) : (n);                                    \
-        if (hd_ < (n) && FN(head)(out2, n) == hd_) {                          \
+        size_t hd_ = (stream) ? FN(head)(out, n) : (n), end_ = 0, nt_ = 1;                 \
+        if (hd_ < (n) && FN(head)(out2, n) == hd_) {                                       \
             const size_t ln_ = RMS_LINE / sizeof(T);                                       \
-            size_t end_ = hd_ + ((n)-hd_) / ln_ * ln_;                                     \
+            end_ = hd_ + ((n)-hd_) / ln_ * ln_;                                            \
+        } else {                                                                           \
+            hd_ = end_ = 0;                                                                \
+            nt_ = 0;                                                                       \
+        }                                                                                  \
+        if ((n) * sizeof(T) > RMS_BACK) {                                                  \
+            const size_t mid_ = nt_ ? end_ : (n);                                          \
+            if (nt_)                                                                       \
+                RANGE(__VA_ARGS__, end_, n, 0);                                            \
+            for (size_t c_ = hd_ + (mid_ - hd_) / RMS_BACK_CHUNK * RMS_BACK_CHUNK;;) {     \
+                size_t e_ = c_ + RMS_BACK_CHUNK < mid_ ? c_ + RMS_BACK_CHUNK : mid_;       \
+                if (nt_)                                                                   \
+                    RANGE(__VA_ARGS__, c_, e_, 1);                                         \
+                else                                                                       \
+                    RANGE(__VA_ARGS__, c_, e_, 0);                                         \
+                if (c_ == hd_)                                                             \
+                    break;                                                                 \
+                c_ -= RMS_BACK_CHUNK;                                                      \
+            }                                                                              \
+            if (nt_)                                                                       \
+                RANGE(__VA_ARGS__, 0, hd_, 0);                                             \
+        } else if (nt_) {                                                                  \
             RANGE(__VA_ARGS__, 0, hd_, 0);                                                 \
             RANGE(__VA_ARGS__, hd_, end_, 1);                                              \
             RANGE(__VA_ARGS__, end_, n, 0);                                                \
