@@ -578,8 +578,10 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
  * last phase adds up the remaining nodes, the members splitting the columns. Either way every
  * column of every leaf gains its rows' terms in row order, and the leaves meet in the same
  * tree, so the bits do not depend on the team. */
+#ifndef RMS_LEAVES_MAX
 #define RMS_LEAVES_MAX 64
-#define RMS_LEAF_ROWS 4 /* the fewest rows a leaf has where there are several */
+#endif
+#define RMS_LEAF_ROWS 16 /* the fewest rows a leaf has where there are several */
 #define RMS_STACK (2 * 6 + 2) /* a member's nodes at once: 2 log2(RMS_LEAVES_MAX) + 2 */
 
 static size_t leaves_for(size_t m) {
@@ -595,8 +597,8 @@ typedef struct {
     const rms_bwd_args *a;
     const void *w;
     int flags;
-    size_t leaves, pitch, dots_n;
-    char *rows;      /* members' rows: RMS_STACK each (whole leaves), or one a leaf */
+    size_t leaves, pitch, dots_n, stack;
+    char *rows;      /* members' rows: `stack` each (whole leaves), or one a leaf */
     char **node;     /* [2 * leaves]: each finished node's row, or NULL */
     double *dots;    /* [members x dots_n]: split leaves' dot products by member */
     void *dg;        /* dgamma in the compute type (a->dgamma, or a row of ours) */
@@ -631,14 +633,14 @@ static void dg_leaves(dg_job *j, int t, int nt) {
     const rms_bwd_args *a = j->a;
     size_t es = rms_esize(a->dtype), cs = csize(a->dtype), lo, hi;
     int f64 = a->dtype == RMS_F64;
-    char *mine = j->rows + (size_t)t * RMS_STACK * j->pitch;
+    char *mine = j->rows + (size_t)t * j->stack * j->pitch;
     char *free_rows[RMS_STACK];
     int nfree = 0, depth = 0;
     struct {
         size_t id; /* the heap index of the node */
         char *row;
     } stack[RMS_STACK];
-    for (int i = RMS_STACK - 1; i >= 0; i--)
+    for (int i = (int)j->stack - 1; i >= 0; i--)
         free_rows[nfree++] = mine + (size_t)i * j->pitch;
     chunk(j->leaves, t, nt, 1, &lo, &hi);
     for (size_t leaf = lo; leaf < hi; leaf++) {
@@ -746,9 +748,11 @@ static int bwd_dgamma(const rms_isa_table *isa, const rms_bwd_args *a, const voi
     size_t total = a->m * a->k, cs = csize(a->dtype);
     size_t leaves = leaves_for(a->m);
     int nt = team_size(total, nthreads, pool, a->m * (a->k / 16 + 1));
+    /* a member's nodes at once: at most one more than its leaves, and RMS_STACK */
+    size_t stack = (leaves + (size_t)nt - 1) / (size_t)nt + 1;
     dg_job j = {&isa->k[a->dtype], isa, a, w, flags, leaves, row_pitch(a->k * cs), 0,
-                NULL, NULL, NULL, NULL};
-    size_t nrows = (size_t)nt <= leaves ? (size_t)nt * RMS_STACK : leaves;
+                stack < RMS_STACK ? stack : RMS_STACK, NULL, NULL, NULL, NULL};
+    size_t nrows = (size_t)nt <= leaves ? (size_t)nt * j.stack : leaves;
     j.dots_n = (size_t)nt > leaves ? (a->m + leaves - 1) / leaves : 0;
     j.rows = scratch_rows(nrows, a->k * cs);
     j.node = calloc(2 * leaves, sizeof *j.node);
