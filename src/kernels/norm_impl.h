@@ -42,6 +42,12 @@
 #endif
 /* Vectors a line holds (at least one) */
 #define RMS_LV(T, W) (RMS_LINE / ((W) * sizeof(T)) ? RMS_LINE / ((W) * sizeof(T)) : 1)
+/* A second pass's ranges (FN(plan_pass), FN(next_range)): [lo, hi) is the middle, streamed when
+ * nt; cur is how far the backwards pass got. */
+typedef struct {
+    size_t lo, hi, n, cur;
+    int nt, back, stage;
+} rms_plan;
 #define RMS_ENTRY(sfx)                                                                     \
     {                                                                                      \
         rmsnorm_fwd_##sfx, rmsnorm_bwd_##sfx, rmsnorm_sumsq_##sfx, rmsnorm_scale_##sfx,    \
@@ -255,45 +261,73 @@ RMS_INLINE size_t FN(head)(const T *out, size_t n) {
     return head < n ? head : n;
 }
 
+/* Second passes over more than RMS_BACK bytes go backwards, in chunks (see RMS_PASS). */
+#define RMS_BACK (512 * 1024)
+#define RMS_BACK_CHUNK 4096
+/* The plan of a second pass over n elements with outputs out and out2. */
+RMS_INLINE rms_plan FN(plan_pass)(const T *out, const T *out2, size_t n, int stream) {
+    rms_plan p = {0, n, n, 0, 0, n * sizeof(T) > RMS_BACK, 0};
+    size_t hd = stream ? FN(head)(out, n) : n;
+    if (hd < n && FN(head)(out2, n) == hd) {
+        const size_t ln = RMS_LINE / sizeof(T);
+        p.lo = hd;
+        p.hi = hd + (n - hd) / ln * ln;
+        p.nt = 1;
+    }
+    p.cur = p.back ? p.hi : p.lo;
+    return p;
+}
+
+/* The next range [*a, *b) of the pass, streamed or not (*nt); 0 when there is none. Forwards:
+ * [0, lo), the middle, [hi, n). Backwards: [hi, n), the middle in chunks from its end, [0, lo). */
+RMS_INLINE int FN(next_range)(rms_plan *p, size_t *a, size_t *b, int *nt) {
+    for (;;) {
+        if (p->stage == 0) { /* the edge before the middle */
+            p->stage = 1;
+            *a = p->back ? p->hi : 0;
+            *b = p->back ? p->n : p->lo;
+            *nt = 0;
+        } else if (p->stage == 1) { /* the middle: whole, or a chunk of it from its end */
+            if (!p->back) {
+                p->stage = 2;
+                *a = p->lo, *b = p->hi;
+            } else if (p->cur > p->lo) {
+                size_t c = p->lo + (p->cur - p->lo - 1) / RMS_BACK_CHUNK * RMS_BACK_CHUNK;
+                *a = c, *b = p->cur;
+                p->cur = c;
+            } else {
+                p->stage = 2;
+                continue;
+            }
+            *nt = p->nt;
+        } else if (p->stage == 2) { /* the edge after it */
+            p->stage = 3;
+            *a = p->back ? 0 : p->hi;
+            *b = p->back ? p->lo : p->n;
+            *nt = 0;
+        } else {
+            return 0;
+        }
+        if (*b > *a)
+            return 1;
+    }
+}
+
 /* A second pass over n elements (outputs out and out2, which may be the same): streamed (whole
  * lines non-temporally, the partial lines at either end plainly) when `stream` and the outputs
  * allow, else plainly. A row longer than RMS_BACK bytes takes its second pass from the end
  * backwards, RMS_BACK_CHUNK elements at a time: its first pass left the row's end in cache, and
  * its start went out of it first. */
-#define RMS_BACK (512 * 1024)
-#define RMS_BACK_CHUNK 4096
 #define RMS_PASS(RANGE, out, out2, n, stream, ...)                                         \
     do {                                                                                   \
-        size_t hd_ = (stream) ? FN(head)(out, n) : (n), end_ = 0, nt_ = 1;                 \
-        if (hd_ < (n) && FN(head)(out2, n) == hd_) {                                       \
-            const size_t ln_ = RMS_LINE / sizeof(T);                                       \
-            end_ = hd_ + ((n)-hd_) / ln_ * ln_;                                            \
-        } else {                                                                           \
-            hd_ = end_ = 0;                                                                \
-            nt_ = 0;                                                                       \
-        }                                                                                  \
-        if ((n) * sizeof(T) > RMS_BACK) {                                                  \
-            const size_t mid_ = nt_ ? end_ : (n);                                          \
+        rms_plan p_ = FN(plan_pass)(out, out2, n, stream);                                 \
+        size_t a_, b_;                                                                     \
+        int nt_;                                                                           \
+        while (FN(next_range)(&p_, &a_, &b_, &nt_)) {                                      \
             if (nt_)                                                                       \
-                RANGE(__VA_ARGS__, end_, n, 0);                                            \
-            for (size_t c_ = hd_ + (mid_ - hd_) / RMS_BACK_CHUNK * RMS_BACK_CHUNK;;) {     \
-                size_t e_ = c_ + RMS_BACK_CHUNK < mid_ ? c_ + RMS_BACK_CHUNK : mid_;       \
-                if (nt_)                                                                   \
-                    RANGE(__VA_ARGS__, c_, e_, 1);                                         \
-                else                                                                       \
-                    RANGE(__VA_ARGS__, c_, e_, 0);                                         \
-                if (c_ == hd_)                                                             \
-                    break;                                                                 \
-                c_ -= RMS_BACK_CHUNK;                                                      \
-            }                                                                              \
-            if (nt_)                                                                       \
-                RANGE(__VA_ARGS__, 0, hd_, 0);                                             \
-        } else if (nt_) {                                                                  \
-            RANGE(__VA_ARGS__, 0, hd_, 0);                                                 \
-            RANGE(__VA_ARGS__, hd_, end_, 1);                                              \
-            RANGE(__VA_ARGS__, end_, n, 0);                                                \
-        } else {                                                                           \
-            RANGE(__VA_ARGS__, 0, n, 0);                                                   \
+                RANGE(__VA_ARGS__, a_, b_, 1);                                             \
+            else                                                                           \
+                RANGE(__VA_ARGS__, a_, b_, 0);                                             \
         }                                                                                  \
     } while (0)
 
