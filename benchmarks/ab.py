@@ -116,7 +116,7 @@ def load_builds(args, scratch: str):
         # One file loaded twice would be one code image with one set of globals: a copy gives
         # the old side its own, as two different builds have.
         copy = os.path.join(scratch, os.path.basename(old_path))
-        shutil.copyfile(old_path, copy)
+        shutil.copy2(old_path, copy)
         notes.append(f"old is a copy of {old_path} (a self-A/B: the noise floor)")
         old_path = copy
     return load_core(old_path, "rms_ab_old"), new, notes
@@ -143,7 +143,8 @@ def describe_build(path: str) -> str:
         if commit.returncode == 0 and commit.stdout.strip():
             subject = commit.stdout.strip()
             subject = subject if len(subject) <= 60 else subject[:57] + "..."
-            text += f", checkout at {subject}{' + changes' if dirty.stdout.strip() else ''}"
+            changes = " + changes" if dirty.stdout.strip() else ""
+            text += f", in a checkout now at {subject}{changes}"
     except (OSError, subprocess.SubprocessError):
         pass
     return text + ")"
