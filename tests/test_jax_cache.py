@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ jax = pytest.importorskip("jax")
 
 # Imported after the skip check; an ImportError here with jax installed is a real failure.
 rj = importlib.import_module("rmsnorm.jax")
+build = importlib.import_module("rmsnorm._jax_build")
 
 NOBODY = 65534  # another user's uid (nobody's on Debian)
 
@@ -45,14 +47,14 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files
 
 
 def library_name():
-    return rj._library_name(rj.Path(jax.ffi.include_dir()))
+    return build.library_name(Path(jax.ffi.include_dir()))
 
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     """The planted library, compiled once."""
     try:
-        compiler = rj._compiler()
+        compiler = build.compiler()
     except FileNotFoundError:
         pytest.skip("no C compiler")
     where = tmp_path_factory.mktemp("planted")
@@ -127,14 +129,14 @@ def cache(monkeypatch, tmp_path):
         target.write_bytes(b"")
         os.chmod(target, 0o600)
 
-    monkeypatch.setattr(rj, "_compile", compile_stub)
+    monkeypatch.setattr(build, "build", compile_stub)
     made = []
 
     def library_file():
-        library, scratch = rj._library_file(rj.Path(jax.ffi.include_dir()))
+        library, scratch, note = build.library_file(Path(jax.ffi.include_dir()))
         if scratch is not None:
             made.append(scratch)
-        return library, scratch
+        return library, scratch, note
 
     yield tmp_path / "cache", library_file
     for scratch in made:
@@ -161,9 +163,9 @@ def test_a_cache_directory_others_can_write_is_not_used(cache, planted, mode):
     cache_dir, library_file = cache
     prepare(cache_dir, mode)
     plant(planted, cache_dir)
-    library, scratch = library_file()
+    library, scratch, note = library_file()
     assert_built_privately(library, scratch, cache_dir)
-    assert "writable by group or others" in rj.CACHE_NOTE
+    assert "writable by group or others" in note
 
 
 @as_root
@@ -172,9 +174,9 @@ def test_a_cache_directory_of_another_user_is_not_used(cache, planted):
     prepare(cache_dir, 0o700)
     plant(planted, cache_dir)
     os.chown(cache_dir, NOBODY, NOBODY)
-    library, scratch = library_file()
+    library, scratch, note = library_file()
     assert_built_privately(library, scratch, cache_dir)
-    assert f"belongs to uid {NOBODY}" in rj.CACHE_NOTE
+    assert f"belongs to uid {NOBODY}" in note
 
 
 def test_a_cache_directory_that_seems_another_users_is_not_used(cache, planted, monkeypatch):
@@ -183,11 +185,11 @@ def test_a_cache_directory_that_seems_another_users_is_not_used(cache, planted, 
     prepare(cache_dir, 0o700)
     plant(planted, cache_dir)
     owner = os.geteuid()
-    monkeypatch.setattr(rj.os, "geteuid", lambda: owner + 1)
-    library, scratch = library_file()
+    monkeypatch.setattr(build.os, "geteuid", lambda: owner + 1)
+    library, scratch, note = library_file()
     monkeypatch.undo()
     assert library.parent == scratch and library.parent != cache_dir
-    assert f"belongs to uid {owner}" in rj.CACHE_NOTE
+    assert f"belongs to uid {owner}" in note
 
 
 @pytest.mark.parametrize("parent_mode", [0o777, 0o775], ids=oct)
@@ -203,9 +205,9 @@ def test_a_cache_directory_inside_one_others_can_write_is_not_used(
     prepare(cache_dir, 0o700)
     plant(planted, cache_dir)
     monkeypatch.setenv("RMSNORM_CACHE_DIR", str(cache_dir))
-    library, scratch = library_file()
+    library, scratch, note = library_file()
     assert_built_privately(library, scratch, cache_dir)
-    assert f"lies in {shared}, which others can write" in rj.CACHE_NOTE
+    assert f"lies in {shared}, which others can write" in note
 
 
 @pytest.mark.parametrize("problem", ["others_write", "symlink", "another_owner"])
@@ -225,20 +227,20 @@ def test_a_library_file_others_could_have_written_is_not_loaded(cache, planted, 
             pytest.skip("needs root to give files to another uid")
         os.chown(plant(planted, cache_dir), NOBODY, NOBODY)
         expected = f"belongs to uid {NOBODY}"
-    library, scratch = library_file()
+    library, scratch, note = library_file()
     assert_built_privately(library, scratch, cache_dir)
-    assert expected in rj.CACHE_NOTE
+    assert expected in note
 
 
 def test_a_private_cache_is_created_mode_0700_and_reused(cache):
     cache_dir, library_file = cache
-    library, scratch = library_file()
+    library, scratch, note = library_file()
     assert scratch is None and library.parent == cache_dir
     assert stat.S_IMODE(os.stat(cache_dir).st_mode) == 0o700
-    assert rj.CACHE_NOTE is None
+    assert note is None
     built = os.stat(library)
-    again, scratch = library_file()
-    assert (again, scratch) == (library, None)
+    again, scratch, note = library_file()
+    assert (again, scratch, note) == (library, None, None)
     assert os.stat(again).st_mtime_ns == built.st_mtime_ns  # loaded from the cache, not rebuilt
 
 
@@ -247,6 +249,6 @@ def test_an_own_cache_readable_by_others_is_kept_and_made_private(cache):
     enforced) is used, and its mode tightened to 0700."""
     cache_dir, library_file = cache
     prepare(cache_dir, 0o755)
-    library, scratch = library_file()
+    library, scratch, note = library_file()
     assert scratch is None and library.parent == cache_dir
     assert stat.S_IMODE(os.stat(cache_dir).st_mode) == 0o700
