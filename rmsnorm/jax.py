@@ -257,16 +257,20 @@ def _local(kind, eps, offset, arrays):
 @functools.lru_cache(maxsize=None)
 def _sharded(kind, norm_ndim, nargs, eps, offset):
     """``f(arrays)``: the kernels' forward or backward, partitioned by rows and batchable."""
-    partitioned = _partition_by_rows(kind, norm_ndim, nargs, eps, offset)
+    try:
+        partitioned = _partition_by_rows(kind, norm_ndim, nargs, eps, offset)
+    except (ImportError, TypeError):  # a JAX without Shardy sharding rules: XLA's gathered route
+        partitioned = None
 
     @jax.custom_batching.custom_vmap
     def call(arrays):
         explicit = _explicit(kind, norm_ndim, nargs, eps, offset, arrays)
         if explicit is not None:
             return explicit(*arrays)
-        if BACKEND != "ffi":
+        if BACKEND != "ffi" or partitioned is None:
             # XLA keeps no host callback of a custom partitioning's per-device module alive
-            # (it crashes calling it): host callbacks take XLA's default, gathered, route.
+            # (it crashes calling it): host callbacks take XLA's default, gathered, route, as
+            # does a JAX whose custom_partitioning takes no sharding rule.
             return _local(kind, eps, offset, arrays)
         return jax.lax.platform_dependent(
             *arrays, cpu=partitioned, default=lambda *a: _local(kind, eps, offset, a)
@@ -345,8 +349,12 @@ def _explicit(kind, norm_ndim, nargs, eps, offset, arrays, batched=None):
     """Where x's type carries its sharding (a mesh of Explicit axes), a shard_map of the
     per-device call with the arguments resharded to fit it; None otherwise. ``batched``: as in
     custom_vmap's rule (the per-device call is then vmapped on each device's examples)."""
-    from jax.sharding import AxisType, NamedSharding
-
+    try:
+        from jax.sharding import AxisType, NamedSharding
+    except ImportError:  # a JAX from before sharding in types
+        return None
+    if not hasattr(jax, "typeof"):
+        return None
     position = 0 if kind == "forward" else 1
     x = arrays[position]
     sharding = getattr(jax.typeof(x), "sharding", None)
