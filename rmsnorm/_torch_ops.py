@@ -116,20 +116,20 @@ def to_numpy(tensor):
         return None
     view = _View()
     view._tensor = tensor
-    if tensor.is_contiguous():
-        strides = None
-    else:
-        size = tensor.element_size()
-        strides = tuple([s * size for s in tensor.stride()])
-    view.__array_interface__ = {
+    dtype = tensor.dtype
+    view.__array_interface__ = interface = {
         "data": (tensor.data_ptr(), False),
-        "shape": tuple(tensor.shape),
-        "strides": strides,
-        "typestr": _TYPESTR[tensor.dtype],
-        "version": 3,
+        "shape": tensor.shape,
+        "typestr": _TYPESTR[dtype],
     }
-    array = np.asarray(view)
-    return array.view(ml_dtypes.bfloat16) if tensor.dtype == torch.bfloat16 else array
+    if not tensor.is_contiguous():
+        size = tensor.element_size()
+        interface["strides"] = tuple([s * size for s in tensor.stride()])
+    array = _asarray(view)
+    return array.view(ml_dtypes.bfloat16) if dtype is torch.bfloat16 else array
+
+
+_asarray = np.asarray
 
 
 def from_numpy(array):
@@ -328,6 +328,23 @@ torch.library.register_autograd(
 # --- eager autograd without the dispatcher ----------------------------------------------------
 
 
+_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+
+def _keep_views(ctx, *arrays):
+    """Keeps the forward's NumPy views for the backward, sparing their conversion, unless saved
+    tensor hooks are active (activation checkpointing or offloading): the views would keep the
+    memory alive that the hooks mean to free, so the backward rebuilds them from the tensors."""
+    ctx.views = None if _saved_tensors_hooks(False) else arrays
+
+
+def _backward(ctx, dy, x, weight, rstd):
+    """dx, dweight from the saved tensors (reading ctx.saved_tensors checked their versions)."""
+    xa, wa = ctx.views or (to_numpy(x), to_numpy(weight))
+    dx, dweight = _core.rms_norm_backward(to_numpy(dy), xa, wa, rstd, offset=ctx.offset)
+    return from_numpy(dx), None if dweight is None else from_numpy(dweight)
+
+
 class EagerRMSNorm(torch.autograd.Function):
     """The same forward and backward as the registered op's autograd, called directly: eager
     calls on plain CPU tensors skip the dispatcher's Python round trips (several times the
@@ -335,15 +352,18 @@ class EagerRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, offset, cast):
-        y, rstd = _rms_norm_cpu(x, weight, eps, offset, cast)
+        xa, wa = to_numpy(x), to_numpy(weight)
+        y, rstd = _core.rms_norm(xa, wa, eps, offset=offset, cast=cast)
         ctx.offset = offset
-        ctx.save_for_backward(x, weight, rstd)
-        return y
+        ctx.rstd = rstd  # the kernels' own array: no one else sees or modifies it
+        ctx.save_for_backward(x, weight)
+        _keep_views(ctx, xa, wa)
+        return from_numpy(y)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dweight = _rms_norm_backward_cpu(dy, x, weight, rstd, ctx.offset)
+        x, weight = ctx.saved_tensors
+        dx, dweight = _backward(ctx, dy, x, weight, ctx.rstd)
         return dx, dweight, None, None, None
 
 
@@ -352,17 +372,30 @@ class EagerAddRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps, offset, cast):
-        y, rstd, h = _add_rms_norm_cpu(x, residual, weight, eps, offset, cast)
+        wa = to_numpy(weight)
+        y, rstd, h = _core.add_rms_norm(
+            to_numpy(x), to_numpy(residual), wa, eps, offset=offset, cast=cast
+        )
+        ht = from_numpy(h)
         ctx.offset = offset
-        ctx.save_for_backward(h, weight, rstd)
-        return y, h
+        ctx.rstd = rstd
+        ctx.save_for_backward(ht, weight)
+        _keep_views(ctx, h, wa)
+        return from_numpy(y), ht
 
     @staticmethod
     def backward(ctx, dy, dh):
-        h, weight, rstd = ctx.saved_tensors
-        dx, dweight = _rms_norm_backward_cpu(dy, h, weight, rstd, ctx.offset)
+        h, weight = ctx.saved_tensors
+        dx, dweight = _backward(ctx, dy, h, weight, ctx.rstd)
+        # x and residual both feed h: each receives the gradient reaching h.
         dsum = dx if dh is None else dx + dh
         return dsum, dsum, dweight, None, None, None
+
+
+# Function.apply without its checks for functorch transforms and dead tensor wrappers, which
+# the eager path has ruled out (rmsnorm.torch._plain): a third of a small call's cost.
+eager_rms_norm = super(torch.autograd.Function, EagerRMSNorm).apply
+eager_add_rms_norm = super(torch.autograd.Function, EagerAddRMSNorm).apply
 
 
 # --- DTensor: leading-axis shards run locally -------------------------------------------------

@@ -26,8 +26,8 @@ except ImportError as exc:  # pragma: no cover - exercised by simulating a missi
         "rmsnorm.torch needs PyTorch, which is not installed: pip install rmsnorm[torch]"
     ) from exc
 
-from . import _torch_ops
-from ._torch_ops import OPS, EagerAddRMSNorm, EagerRMSNorm, check_tensor
+from . import _core, _torch_ops
+from ._torch_ops import OPS, check_tensor, eager_add_rms_norm, eager_rms_norm, from_numpy, to_numpy
 
 __all__ = ["RMSNorm", "add_rms_norm", "patch", "rms_norm"]
 
@@ -36,25 +36,30 @@ _DTYPES = _torch_ops.SUPPORTED_DTYPES
 _PYTHON_KEY = torch._C.DispatchKey.Python
 
 
+_is_compiling = torch.compiler.is_compiling
+_key_included = torch._C._dispatch_tls_is_dispatch_key_included
+_function_mode = torch._C._is_torch_function_mode_enabled
+_functorch_level = torch._C._functorch.maybe_current_level
+
+
 def _plain(*tensors):
     """True for an eager call on ordinary CPU tensors: no compile, export, tracing, dispatch or
     function mode, functorch transform or tensor subclass, all of which must see the ops."""
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return False
     for t in tensors:
         if t is not None and (
             type(t) not in _PLAIN_TYPES or not t.is_cpu or t.dtype not in _DTYPES
         ):
             return False
-    return not (
-        torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_KEY)
-        or torch._C._is_torch_function_mode_enabled()
-        or torch._C._functorch.maybe_current_level() is not None
-    )
+    return not (_key_included(_PYTHON_KEY) or _function_mode() or _functorch_level() is not None)
+
+
+_grad_enabled = torch.is_grad_enabled
 
 
 def _grad_needed(*tensors):
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return _grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _check_devices(**tensors):
@@ -70,9 +75,11 @@ def _check_devices(**tensors):
 def _norm(x, weight, eps, offset, cast):
     """y over weight's axes (the last one without weight), through the fastest valid route."""
     if _plain(x, weight):
-        if _grad_needed(x, weight):
-            return EagerRMSNorm.apply(x, weight, eps, offset, cast)
-        return _torch_ops._rms_norm_cpu(x, weight, eps, offset, cast)[0]
+        if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+            return eager_rms_norm(x, weight, eps, offset, cast)
+        return from_numpy(
+            _core.rms_norm(to_numpy(x), to_numpy(weight), eps, offset=offset, cast=cast)[0]
+        )
     _check_devices(x=x, weight=weight)
     return OPS.rms_norm.default(x, weight, eps, offset, cast)[0]
 
@@ -80,9 +87,11 @@ def _norm(x, weight, eps, offset, cast):
 def _add_norm(x, residual, weight, eps, offset, cast):
     if _plain(x, residual, weight):
         if _grad_needed(x, residual, weight):
-            return EagerAddRMSNorm.apply(x, residual, weight, eps, offset, cast)
-        y, _, h = _torch_ops._add_rms_norm_cpu(x, residual, weight, eps, offset, cast)
-        return y, h
+            return eager_add_rms_norm(x, residual, weight, eps, offset, cast)
+        y, _, h = _core.add_rms_norm(
+            to_numpy(x), to_numpy(residual), to_numpy(weight), eps, offset=offset, cast=cast
+        )
+        return from_numpy(y), from_numpy(h)
     _check_devices(x=x, residual=residual, weight=weight)
     y, _, h = OPS.add_rms_norm.default(x, residual, weight, eps, offset, cast)
     return y, h
@@ -207,10 +216,11 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x):
         """Normalize ``x`` over its trailing ``normalized_shape`` axes."""
-        weight = self.weight
+        weight, eps = self.weight, self.eps
         if weight is not None and weight.shape == self.normalized_shape:
             # weight's shape names the normalized axes; the kernels check x against it.
-            return _norm(x, weight, _eps(self.eps, x.dtype), self.offset, self.cast)
+            eps = eps if type(eps) is float else _eps(eps, x.dtype)
+            return _norm(x, weight, eps, self.offset, self.cast)
         return rms_norm(
             x, self.normalized_shape, weight, self.eps, offset=self.offset, cast=self.cast
         )

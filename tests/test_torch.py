@@ -382,3 +382,38 @@ def test_core_package_does_not_import_adapters():
 
 def test_adapter_imports_the_real_torch():
     assert rt.torch is torch
+
+
+def test_saved_tensor_hooks_and_checkpoint():
+    """Under saved-tensor hooks (activation checkpointing, offloading) the backward rebuilds
+    its inputs from what the hooks return; the gradients are unchanged."""
+    x = make_x((4, 3, 16), torch.float32, seed=8)
+    res = make_x((4, 3, 16), torch.float32, seed=9)
+    layer = rt.RMSNorm(16, cast="before_weight")
+    with torch.no_grad():
+        layer.weight.uniform_(0.5, 1.5)
+
+    def loss():
+        y, h = rt.add_rms_norm(x, res, 16, layer.weight)
+        return (layer(y) * h).sum()
+
+    want = torch.autograd.grad(loss(), [x, res, layer.weight])
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: packed.append(1) or t.clone(), lambda t: t
+    ):
+        got = torch.autograd.grad(loss(), [x, res, layer.weight])
+    assert packed
+    checkpointed = torch.utils.checkpoint.checkpoint(loss, use_reentrant=False)
+    got_ckpt = torch.autograd.grad(checkpointed, [x, res, layer.weight])
+    for a, b, c in zip(got, got_ckpt, want, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, c)
+
+
+def test_modifying_a_saved_input_in_place_is_caught():
+    x = make_x((3, 8), torch.float32)
+    a = x * 1.0
+    y = rt.rms_norm(a, 8, torch.ones(8, requires_grad=True))
+    a.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
