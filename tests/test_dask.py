@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 da = pytest.importorskip("dask.array")
-distributed = pytest.importorskip("distributed")
 
 import oracle  # noqa: E402
 from conftest import using  # noqa: E402
@@ -39,6 +38,7 @@ CHUNKINGS = [
 @pytest.fixture(scope="module")
 def client():
     """One LocalCluster of two worker processes (one thread each) for the whole module."""
+    pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
 
     with (
@@ -66,7 +66,9 @@ def compute(request):
 
     def on_cluster(*arrays):
         futures = c.compute(list(arrays))
-        distributed.wait(futures, timeout=TIMEOUT)
+        from distributed import wait
+
+        wait(futures, timeout=TIMEOUT)
         return tuple(c.gather(futures))
 
     return on_cluster
