@@ -78,6 +78,7 @@ class HFRMSNorm(RMSNorm):
     def __init__(self, shape, eps, eps_attr, offset, cast, original):
         super().__init__(shape, eps, elementwise_affine=False, offset=offset, cast=cast)
         self.weight = original.weight
+        self.elementwise_affine = True
         self._eps_attr = eps_attr
         self._original_class = type(original).__qualname__
 
