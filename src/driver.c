@@ -169,9 +169,26 @@ int rms_have_openmp(void) {
 #endif
 }
 
+/* Test hooks (see driver.h): the per-thread minimum, and the last forward's or backward's team. */
+static size_t min_per_thread = RMS_MIN_PER_THREAD;
+static int last_team = 1;
+
+int rms_last_team_size(void) { return __atomic_load_n(&last_team, __ATOMIC_RELAXED); }
+
+static void set_last_team(int n) { __atomic_store_n(&last_team, n, __ATOMIC_RELAXED); }
+
+size_t rms_set_min_per_thread(size_t n) {
+    return __atomic_exchange_n(&min_per_thread, n, __ATOMIC_RELAXED);
+}
+
+size_t rms_set_stream_bytes(size_t n) {
+    return __atomic_exchange_n(&stream_bytes, n, __ATOMIC_RELAXED);
+}
+
 static int team_size(size_t elements, int nthreads) {
 #if defined(_OPENMP)
-    size_t useful = elements / RMS_MIN_PER_THREAD;
+    size_t min = __atomic_load_n(&min_per_thread, __ATOMIC_RELAXED);
+    size_t useful = min ? elements / min : elements;
     if (useful < (size_t)nthreads)
         nthreads = useful > 1 ? (int)useful : 1;
     return nthreads;
@@ -331,6 +348,7 @@ static void run_team(int nt, int phases, phase_fn fn, more_fn more, void *job,
                      const rms_pool *pool) {
     if (pool) {
         int phase = 0;
+        set_last_team(nt);
         while (phase < phases && pool_run(pool, nt, phase, fn, job) == 0) {
             if (++phase == 2 && more && !more(job, nt))
                 return;
@@ -347,6 +365,8 @@ static void run_team(int nt, int phases, phase_fn fn, more_fn more, void *job,
 #pragma omp parallel num_threads(nt)
     {
         int t = thread_id(), n = team_threads();
+        if (t == 0)
+            set_last_team(n);
         for (int phase = 0; phase < phases; phase++) {
             if (phase == 2 && more && !more(job, n))
                 break; /* every member breaks here, or none */
@@ -954,6 +974,7 @@ static int cpu_row_flags(int backward, size_t row_bytes, int nt) {
 int rms_forward(const rms_kernels *kt, const rms_fwd_args *a, int nthreads,
                 const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
+    set_last_team(1);
     if (total == 0)
         return 0;
     int nt = team_size(total, pool_threads(pool, nthreads));
@@ -1348,6 +1369,7 @@ int rms_backward(const rms_kernels *kt, const rms_bwd_args *a, int nthreads,
                  const rms_pool *pool) {
     size_t total = a->m * a->k, es = rms_esize(a->dtype);
     int nt = team_size(total, pool_threads(pool, nthreads)), cols = 0;
+    set_last_team(1);
     int flags = (a->flags & RMS_W_STORAGE) | cpu_row_flags(1, a->k * es, nt) |
                 (rms_cpu_near_16() ? RMS_NEAR_16 : 0);
     if (rms_cpu_pairs(a->k * es, es,

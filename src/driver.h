@@ -85,6 +85,14 @@ int rms_threads_get(void);
 void rms_threads_set(int n);
 int rms_have_openmp(void);
 
+/* Test hooks. The team size of the last forward, add or backward in this process (1 when it ran
+ * on the calling thread); the fewest elements of work a thread gets, below which work stays on
+ * fewer threads (0: split whenever possible); the output size from which stores stream (0:
+ * always, where alignment allows). The setters return the previous value. */
+int rms_last_team_size(void);
+size_t rms_set_min_per_thread(size_t n);
+size_t rms_set_stream_bytes(size_t n);
+
 /* Roofline references for the benchmarks, threaded the same way: dst = src (prefetching ahead
  * with `prefetch`, see rms_copy_span), and dst = a + 0.5 * b (float32 or float64). */
 void rms_ref_copy(void *dst, const void *src, size_t bytes, int prefetch, int nthreads);

@@ -165,8 +165,18 @@ def test_dgamma_no_16bit_accumulation(dtype, gamma_dtype, each_isa, rng):
 @pytest.mark.parametrize("dtype", SIXTEEN, ids=dtype_id)
 @pytest.mark.parametrize(
     "shape",
-    ((1, 64), (3, 4101), (7, 33), (12, 33), (16, 2048), (12, 4096), (12, 4097), (9, 6144),
-     (12, 8199), (2, 1 << 17)),
+    (
+        (1, 64),
+        (3, 4101),
+        (7, 33),
+        (12, 33),
+        (16, 2048),
+        (12, 4096),
+        (12, 4097),
+        (9, 6144),
+        (12, 8199),
+        (2, 1 << 17),
+    ),
     ids=str,
 )
 def test_gamma_of_x_dtype_read_as_it_is(dtype, shape, offset, isa_threads, rng):
@@ -214,7 +224,8 @@ def test_every_isa_agrees_with_scalar(dtype, n, rng):
 
 
 @pytest.mark.parametrize(
-    "a, b", [(F16, BF16), (BF16, F16), (BF16, F32), (F32, BF16), (F16, F32)],
+    "a, b",
+    [(F16, BF16), (BF16, F16), (BF16, F32), (F32, BF16), (F16, F32)],
     ids=lambda d: dtype_id(d),
 )
 def test_mismatched_dtypes_raise(a, b, rng):
@@ -262,7 +273,47 @@ sys.stdout.buffer.write(bits.tobytes())
 """
 
 
-@pytest.mark.skipif("avx512" not in ISAS, reason="needs the AVX-512 kernels")
+def cpu_flags(cpuinfo=None):
+    """The CPU's feature flags as Linux's /proc/cpuinfo lists them (none where it cannot be
+    read): the text of that file, or `cpuinfo` in its place."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def bf16_paths_skip_reason(isas, flags):
+    """Why the two bfloat16 paths of the AVX-512 table cannot be compared here, or None."""
+    if "avx512" not in isas:
+        return "needs the AVX-512 kernels"
+    if "avx512_bf16" not in flags:
+        return (
+            "this CPU has no AVX512-BF16 (or it cannot be read): both settings would run "
+            "the integer rounding, and the comparison would compare it with itself"
+        )
+    return None
+
+
+_BF16_SKIP = bf16_paths_skip_reason(ISAS, cpu_flags())
+
+
+def test_bf16_skip_reason_reads_the_feature_list():
+    with_bf16 = "processor\t: 0\nflags\t\t: fpu sse avx512f avx512bw avx512_bf16 avx512vl\n"
+    without = with_bf16.replace(" avx512_bf16", "")
+    assert "avx512_bf16" in cpu_flags(with_bf16) and "avx512_bf16" not in cpu_flags(without)
+    assert bf16_paths_skip_reason(("scalar", "avx2", "avx512"), cpu_flags(with_bf16)) is None
+    assert "no AVX512-BF16" in bf16_paths_skip_reason(("scalar", "avx512"), cpu_flags(without))
+    assert "AVX-512" in bf16_paths_skip_reason(("scalar", "avx2"), cpu_flags(with_bf16))
+    assert "no AVX512-BF16" in bf16_paths_skip_reason(("avx512",), cpu_flags(""))
+
+
+@pytest.mark.skipif(_BF16_SKIP is not None, reason=_BF16_SKIP or "")
 def test_avx512_bfloat16_paths_agree_bitwise():
     """With AVX512-BF16 the AVX-512 table rounds bfloat16 with VCVTNEPS2BF16 (falling back to
     integer rounding for subnormals, zeros and NaN); RMSNORM_NO_AVX512BF16=1 keeps the integer
