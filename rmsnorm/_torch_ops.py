@@ -331,16 +331,29 @@ torch.library.register_autograd(
 _saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
 
-def _keep_views(ctx, *arrays):
+def _keep_views(ctx, tensor, array, weight, weight_array):
     """Keeps the forward's NumPy views for the backward, sparing their conversion, unless saved
     tensor hooks are active (activation checkpointing or offloading): the views would keep the
     memory alive that the hooks mean to free, so the backward rebuilds them from the tensors."""
-    ctx.views = None if _saved_tensors_hooks(False) else arrays
+    if _saved_tensors_hooks(False):
+        ctx.views = None
+    else:
+        ctx.views = (array, weight_array, tensor.data_ptr(), _data_ptr(weight))
+
+
+def _data_ptr(tensor):
+    return None if tensor is None else tensor.data_ptr()
 
 
 def _backward(ctx, dy, x, weight, rstd):
     """dx, dweight from the saved tensors (reading ctx.saved_tensors checked their versions)."""
-    xa, wa = ctx.views or (to_numpy(x), to_numpy(weight))
+    views = ctx.views
+    # A kept view is used only while its tensor still lies where it did: FSDP2 frees an
+    # unsharded parameter's storage after the forward and gathers it again, maybe elsewhere.
+    if views is not None and views[2] == x.data_ptr() and views[3] == _data_ptr(weight):
+        xa, wa = views[0], views[1]
+    else:
+        xa, wa = to_numpy(x), to_numpy(weight)
     dx, dweight = _core.rms_norm_backward(to_numpy(dy), xa, wa, rstd, offset=ctx.offset)
     return from_numpy(dx), None if dweight is None else from_numpy(dweight)
 
@@ -357,7 +370,7 @@ class EagerRMSNorm(torch.autograd.Function):
         ctx.offset = offset
         ctx.rstd = rstd  # the kernels' own array: no one else sees or modifies it
         ctx.save_for_backward(x, weight)
-        _keep_views(ctx, xa, wa)
+        _keep_views(ctx, x, xa, weight, wa)
         return from_numpy(y)
 
     @staticmethod
@@ -380,7 +393,7 @@ class EagerAddRMSNorm(torch.autograd.Function):
         ctx.offset = offset
         ctx.rstd = rstd
         ctx.save_for_backward(ht, weight)
-        _keep_views(ctx, h, wa)
+        _keep_views(ctx, ht, h, weight, wa)
         return from_numpy(y), ht
 
     @staticmethod

@@ -284,3 +284,20 @@ def test_other_devices_get_a_clear_error():
             rt.rms_norm(x, 8)
         with pytest.raises(ValueError, match="CPU tensors only.*cuda"):
             OPS.rms_norm(x, None, 1e-6)
+
+
+def test_weight_moved_between_forward_and_backward():
+    """FSDP2's pattern: the unsharded weight's memory is freed after the forward and gathered
+    again, maybe elsewhere, before the backward. The backward must read the weight where it is
+    then, not where the forward saw it (here the old memory is kept and overwritten)."""
+    x = make(SHAPE, torch.float32, 0, requires_grad=True)
+    w = make_weight("same", torch.float32, requires_grad=True)
+    dy = make(SHAPE, torch.float32, 2)
+    want = torch.autograd.grad(rt.rms_norm(x, SHAPE[-1], w), [x, w], dy)
+    y = rt.rms_norm(x, SHAPE[-1], w)
+    old = torch.empty(0).set_(w.untyped_storage(), 0, w.shape)  # own version counter
+    w.data = w.detach().clone()  # the same values elsewhere; no version bump
+    old.fill_(1e6)
+    got = torch.autograd.grad(y, [x, w], dy)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
