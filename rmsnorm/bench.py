@@ -1100,57 +1100,132 @@ def write_csv(rows: list, path: str) -> None:
             writer.writerow([_csv_value(v) for v in values])
 
 
+# What each row of panels in the PNG shows: the ratio to the roofline, then each peer's speed-up.
+PLOT_METRICS = {
+    "roofline": "our time / roofline (below 1: faster than a copy)",
+    "numpy": "speed-up over NumPy",
+    "torch": "speed-up over torch",
+    "jax": "speed-up over JAX (jit)",
+    "ort": "speed-up over ONNX Runtime",
+    "onednn": "speed-up over oneDNN",
+    "unfused": "speed-up over np.add + rms_norm",
+}
+PLOT_GAP = 1.5  # bar widths between two thread counts' groups of bars
+
+
+def plot_value(row: Row, metric: str):
+    """A panel's bar for a row: a float, "skip" (a peer too slow to time) or None."""
+    return row.over_copy if metric == "roofline" else row.ratio(metric)
+
+
 def write_png(rows: list, path: str) -> bool:
-    """Plot t/copy by shape, a line per thread count, a panel per (core op, dtype); best ISA."""
+    """Bar charts of the best ISA's core-op rows: a row of panels per (op, metric) that has
+    values, a column per dtype; in each panel one bar per shape, grouped by thread count, drawn
+    from 1 (the roofline, or a peer's speed) on a log scale."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError:
         return False
     best = rmsnorm.available_isas()[0]
-    rows = [r for r in rows if r.op in CORE_OPS and r.isa == best and r.over_copy is not None]
-    ops = [op for op in CORE_OPS if any(r.op == op for r in rows)]
-    dtypes = [d for d in DTYPES if any(r.dtype == d for r in rows)]
-    if not ops:
+    rows = [r for r in rows if r.op in CORE_OPS and r.isa == best and "ours" in r.seconds]
+    panels = [
+        (op, metric)
+        for op in CORE_OPS
+        for metric in PLOT_METRICS
+        if any(r.op == op and plot_value(r, metric) is not None for r in rows)
+    ]
+    if not panels:
         return False
-    shapes = list(dict.fromkeys(r.shape for r in rows))  # one x axis for every panel
+    dtypes = [d for d in DTYPES if any(r.dtype == d for r in rows)]
+    shapes = list(dict.fromkeys(r.shape for r in rows))  # the same bars in every panel
+    threads = sorted({r.threads for r in rows})
+    colors = _shape_colors(plt, shapes)
+    group_width = len(shapes) + PLOT_GAP
     fig, axes = plt.subplots(
-        len(ops),
+        len(panels),
         len(dtypes),
         squeeze=False,
-        figsize=(1.5 + max(3.0, 0.45 * len(shapes)) * len(dtypes), 3.4 * len(ops)),
+        figsize=(len(dtypes) * max(3.5, 1.2 + 0.1 * group_width * len(threads)), 2.6 * len(panels)),
     )
-    for (op, dtype), ax in zip([(o, d) for o in ops for d in dtypes], axes.flat):
-        panel = [r for r in rows if r.op == op and r.dtype == dtype]
-        _plot_panel(ax, panel, shapes, f"{op} {dtype}")
-    fig.suptitle("time / copy of the same bytes (1 = memory roofline; lower is better)")
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=110)
+    for (op, metric), axes_row in zip(panels, axes):
+        for dtype, ax in zip(dtypes, axes_row):
+            panel = [r for r in rows if r.op == op and r.dtype == dtype]
+            _bar_panel(ax, panel, metric, shapes, threads, colors)
+            ax.set_title(f"{op} {dtype}: {PLOT_METRICS[metric]}", fontsize=8)
+    inch = 1 / fig.get_figheight()  # figure coordinates of one inch of height
+    fig.suptitle(
+        f"rmsnorm ({best}): bars from 1, log scale; x = peer skipped (slower than "
+        f"{SLOW_PEER_S:g} s a call)",
+        fontsize=10,
+        y=1 - 0.1 * inch,
+        va="top",
+    )
+    fig.legend(
+        handles=[Patch(color=colors[s], label=shape_text(s)) for s in shapes],
+        loc="upper center",
+        bbox_to_anchor=(0.5, 1 - 0.35 * inch),
+        ncol=min(len(shapes), 10),
+        fontsize=7,
+        frameon=False,
+    )
+    top = 1 - (0.45 + 0.2 * -(-len(shapes) // 10)) * inch
+    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
 
 
-def _plot_panel(ax, rows: list, shapes: list, title: str) -> None:
-    from matplotlib.ticker import FuncFormatter
+def _shape_colors(plt, shapes: list) -> dict:
+    """A colour per shape; with more than ten, tab20's dark shades first, then its light ones,
+    so that neighbouring shapes do not get two shades of one hue."""
+    if len(shapes) <= 10:
+        cmap = plt.get_cmap("tab10")
+        return {shape: cmap(i) for i, shape in enumerate(shapes)}
+    cmap = plt.get_cmap("tab20")
+    order = [*range(0, 20, 2), *range(1, 20, 2)]
+    return {shape: cmap(order[i % 20]) for i, shape in enumerate(shapes)}
 
-    for threads in sorted({r.threads for r in rows}):
-        by_shape = {r.shape: r.over_copy for r in rows if r.threads == threads}
-        ax.plot(
-            range(len(shapes)),
-            [by_shape.get(s, float("nan")) for s in shapes],
-            marker="o",
-            label=f"{threads} thr",
-        )
-    ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+
+def _bar_panel(ax, rows: list, metric: str, shapes: list, threads: list, colors: dict) -> None:
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    group_width = len(shapes) + PLOT_GAP
+    values = []
+    for g, count in enumerate(threads):
+        by_shape = {r.shape: plot_value(r, metric) for r in rows if r.threads == count}
+        for i, shape in enumerate(shapes):
+            x, value = g * group_width + i, by_shape.get(shape)
+            if value == "skip":
+                ax.plot(x, 1.0, marker="x", color=colors[shape], markersize=4)
+            elif value is not None and value > 0:
+                ax.bar(x, value - 1.0, bottom=1.0, width=0.85, color=colors[shape])
+                values.append(value)
+    ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
-    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 2, 3 instead of 2x10^0
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
-    ax.set_xticks(range(len(shapes)), [shape_text(s) for s in shapes], rotation=60, fontsize=7)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    low, high = min(values + [1.0]) / 1.15, max(values + [1.0]) * 1.15
+    ax.set_ylim(low, high)
+    # Ticks at 1, 2, 5 times powers of ten, or finer steps where the range is narrow.
+    for steps in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.1, 1.2, 1.5, 2, 3, 5, 7, 8)):
+        ticks = [
+            m * 10.0**e
+            for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+            for m in steps
+            if low <= m * 10.0**e <= high
+        ]
+        if len(ticks) >= 3:
+            break
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    centers = [g * group_width + (len(shapes) - 1) / 2 for g in range(len(threads))]
+    ax.set_xticks(centers, [f"{count} thr" for count in threads], fontsize=8)
+    ax.set_xlim(-1, len(threads) * group_width - PLOT_GAP)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(axis="y", which="major", linewidth=0.3, alpha=0.5)
 
 
 # --------------------------------------------------------------------------- progress
@@ -1361,7 +1436,12 @@ def parse_args(argv=None):
         "so fresh XLA (and NumPy) outputs reuse faulted-in pages; process-wide, both sides",
     )
     parser.add_argument("--csv", default="bench.csv", help="CSV path ('' to skip)")
-    parser.add_argument("--png", default="bench.png", help="PNG path ('' to skip)")
+    parser.add_argument(
+        "--png",
+        default="bench.png",
+        help="PNG path ('' to skip): a bar per shape, grouped by thread count, of the ratio to "
+        "the roofline and of the speed-up over each peer (needs matplotlib)",
+    )
     parser.add_argument(
         "--markdown",
         action="store_true",

@@ -1,24 +1,23 @@
-# PyTorch adapter: an autograd Function, a functional and a drop-in nn.RMSNorm that run the
-# rmsnorm C kernels on CPU tensors, sharing memory with them through NumPy views (no copies).
-"""PyTorch bindings for rmsnorm (CPU tensors only).
+# PyTorch adapter: the functional API, a drop-in nn.RMSNorm and the model patcher, on top of the
+# torch.library ops registered in rmsnorm._torch_ops (which torch.compile, torch.export, opcheck
+# and DTensor see), with a direct path for plain eager calls.
+"""PyTorch bindings for rmsnorm (CPU tensors).
 
-``import rmsnorm.torch`` is opt-in: the core package never imports it.
+``import rmsnorm.torch`` is opt-in: the core package never imports it. Importing it registers
+the ops ``torch.ops.rmsnorm.rms_norm``, ``rms_norm_backward`` and ``add_rms_norm``.
 
-* :class:`RMSNormFunction` -- ``torch.autograd.Function``; forward saves ``x``, ``weight`` and
-  ``rstd`` so backward never recomputes the statistics.
-* :func:`rms_norm` -- mirrors :func:`torch.nn.functional.rms_norm`, plus ``offset``.
-* :class:`RMSNorm` -- drop-in :class:`torch.nn.RMSNorm` (same constructor and state_dict keys),
-  plus ``offset``.
+* :func:`rms_norm` -- :func:`torch.nn.functional.rms_norm` plus ``offset`` and ``cast``.
+* :func:`add_rms_norm` -- ``h = x + residual`` and ``rms_norm(h)`` in one pass.
+* :class:`RMSNorm` -- drop-in :class:`torch.nn.RMSNorm` (same state_dict keys).
+* :func:`patch` -- swaps ``torch.nn.RMSNorm`` and known Hugging Face RMSNorm modules of a model
+  for :class:`RMSNorm`, in place.
 
-float16, bfloat16, float32 and float64 tensors with any strides are supported; ``weight`` may
-have a different dtype from ``x`` (the result has ``x``'s dtype, as in torch).
+float16, bfloat16, float32 and float64 tensors with any strides; ``weight`` may have a different
+dtype from ``x`` (the result has ``x``'s dtype, as in torch). Math as :func:`rmsnorm.rms_norm`.
 """
 
 import numbers
 from typing import ClassVar
-
-import ml_dtypes
-import numpy as np
 
 try:
     import torch
@@ -27,166 +26,182 @@ except ImportError as exc:  # pragma: no cover - exercised by simulating a missi
         "rmsnorm.torch needs PyTorch, which is not installed: pip install rmsnorm[torch]"
     ) from exc
 
-from torch.autograd.function import once_differentiable
+from . import _core, _torch_ops
+from ._torch_ops import OPS, check_tensor, eager_add_rms_norm, eager_rms_norm, from_numpy, to_numpy
 
-import rmsnorm as _rmsnorm
+__all__ = ["RMSNorm", "add_rms_norm", "patch", "rms_norm"]
 
-__all__ = ["RMSNorm", "RMSNormFunction", "rms_norm"]
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_DTYPES = _torch_ops.SUPPORTED_DTYPES
+_PYTHON_KEY = torch._C.DispatchKey.Python
 
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+_is_compiling = torch.compiler.is_compiling
+_key_included = torch._C._dispatch_tls_is_dispatch_key_included
+_function_mode = torch._C._is_torch_function_mode_enabled
+_functorch_level = torch._C._functorch.maybe_current_level
 
 
-def _check_tensor(tensor, name):
-    """Reject tensors the CPU kernels cannot read in place (other devices, other dtypes)."""
-    if not tensor.is_cpu:
-        raise ValueError(
-            f"rmsnorm.torch runs on CPU tensors only; {name} is on device '{tensor.device}'"
+def _plain(*tensors):
+    """True for an eager call on ordinary CPU tensors: no compile, export, tracing, dispatch or
+    function mode, functorch transform or tensor subclass, all of which must see the ops."""
+    if _is_compiling():
+        return False
+    for t in tensors:
+        if t is not None and (
+            type(t) not in _PLAIN_TYPES or not t.is_cpu or t.dtype not in _DTYPES
+        ):
+            return False
+    return not (_key_included(_PYTHON_KEY) or _function_mode() or _functorch_level() is not None)
+
+
+_grad_enabled = torch.is_grad_enabled
+
+
+def _grad_needed(*tensors):
+    return _grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _check_devices(**tensors):
+    """Device and dtype of each tensor (CPU, or meta for shapes only), all on one device."""
+    given = {name: t for name, t in tensors.items() if t is not None}
+    for name, t in given.items():
+        check_tensor(t, name)
+    if len({t.device for t in given.values()}) > 1:
+        where = ", ".join(f"{name} on {t.device}" for name, t in given.items())
+        raise ValueError(f"rmsnorm.torch needs all tensors on one device; got {where}")
+
+
+def _norm(x, weight, eps, offset, cast):
+    """y over weight's axes (the last one without weight), through the fastest valid route."""
+    if _plain(x, weight):
+        if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+            return eager_rms_norm(x, weight, eps, offset, cast)
+        return from_numpy(
+            _core.rms_norm(to_numpy(x), to_numpy(weight), eps, offset=offset, cast=cast)[0]
         )
-    if tensor.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(
-            f"rmsnorm.torch supports float16, bfloat16, float32 and float64; "
-            f"{name} has dtype {tensor.dtype}"
+    _check_devices(x=x, weight=weight)
+    return OPS.rms_norm.default(x, weight, eps, offset, cast)[0]
+
+
+def _add_norm(x, residual, weight, eps, offset, cast):
+    if _plain(x, residual, weight):
+        if _grad_needed(x, residual, weight):
+            return eager_add_rms_norm(x, residual, weight, eps, offset, cast)
+        y, _, h = _core.add_rms_norm(
+            to_numpy(x), to_numpy(residual), to_numpy(weight), eps, offset=offset, cast=cast
         )
-
-
-def _to_numpy(tensor):
-    """Zero-copy NumPy view of a CPU tensor (None passes through)."""
-    if tensor is None:
-        return None
-    if tensor.requires_grad:
-        tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
-        # NumPy has no native bfloat16: reinterpret the same bytes as ml_dtypes.bfloat16.
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
-
-
-def _from_numpy(array):
-    """Zero-copy tensor over a NumPy array returned by the kernels (None passes through)."""
-    if array is None:
-        return None
-    array = np.asarray(array)
-    if array.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
-
-
-def _forward(x, weight, eps, offset):
-    """(y, rstd) as NumPy arrays, after the device and dtype checks."""
-    _check_tensor(x, "x")
-    if weight is not None:
-        _check_tensor(weight, "weight")
-    return _rmsnorm.rms_norm(_to_numpy(x), _to_numpy(weight), eps, offset=offset)
-
-
-def _apply(x, weight, eps, offset):
-    """RMSNormFunction.apply, or the kernel alone when no gradient can flow (inference, no_grad):
-    the autograd machinery costs several times a small call (1 x 4096) of the kernel itself."""
-    grad = x.requires_grad or (weight is not None and weight.requires_grad)
-    if grad and torch.is_grad_enabled():
-        return RMSNormFunction.apply(x, weight, eps, offset)
-    return _from_numpy(_forward(x, weight, eps, offset)[0])
-
-
-class RMSNormFunction(torch.autograd.Function):
-    """Autograd Function for ``y = x * rstd * (offset + weight)`` over weight's trailing axes.
-
-    ``forward(ctx, x, weight, eps, offset)``: ``weight`` is a tensor whose shape equals the
-    trailing axes of ``x`` (the normalized axes), or None to normalize the last axis with no
-    scale. ``eps`` and ``offset`` are Python floats. Returns ``y`` (``x``'s shape and dtype).
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, eps, offset):
-        """Run the kernel; save x, weight and the per-row rstd for backward."""
-        y, rstd = _forward(x, weight, eps, offset)
-        ctx.save_for_backward(x, weight, _from_numpy(rstd))
-        ctx.offset = offset
-        return _from_numpy(y)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        """Gradients for x and weight from the saved rstd (no recomputation)."""
-        x, weight, rstd = ctx.saved_tensors
-        dx, dweight = _rmsnorm.rms_norm_backward(
-            _to_numpy(dy), _to_numpy(x), _to_numpy(weight), _to_numpy(rstd), offset=ctx.offset
-        )
-        return _from_numpy(dx), _from_numpy(dweight), None, None
+        return from_numpy(y), from_numpy(h)
+    _check_devices(x=x, residual=residual, weight=weight)
+    y, _, h = OPS.add_rms_norm.default(x, residual, weight, eps, offset, cast)
+    return y, h
 
 
 def _as_shape(normalized_shape):
     """normalized_shape as a tuple of ints (an int means a single trailing axis)."""
-    if type(normalized_shape) is int or isinstance(normalized_shape, numbers.Integral):
+    if isinstance(normalized_shape, numbers.Integral):
         return (int(normalized_shape),)
     return tuple(int(n) for n in normalized_shape)
 
 
-def _default_eps(dtype):
-    """torch's eps=None rule: machine epsilon of the compute type (float32 below float64)."""
-    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+def _eps(eps, dtype):
+    """eps=None is torch's rule: the machine epsilon of the compute type (float32 for 16-bit
+    inputs, as torch.nn.functional.rms_norm computes them in float32)."""
+    if eps is None:
+        return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    return float(eps)
 
 
 def _check_shapes(x, shape, weight):
     """normalized_shape must be non-empty, match x's trailing axes and weight's shape."""
     if not shape:
         raise ValueError("rmsnorm.torch needs a non-empty normalized_shape, got ()")
-    if x.dim() < len(shape) or x.shape[-len(shape) :] != shape:
+    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape) :]) != shape:
         raise ValueError(
             f"normalized_shape {shape} does not match the trailing axes of x of shape "
             f"{tuple(x.shape)}"
         )
-    if weight is not None and weight.shape != shape:
+    if weight is not None and tuple(weight.shape) != shape:
         raise ValueError(
             f"weight of shape {tuple(weight.shape)} does not match normalized_shape {shape}"
         )
 
 
-def rms_norm(x, normalized_shape, weight=None, eps=None, offset=0.0):
+def rms_norm(x, normalized_shape, weight=None, eps=None, *, offset=0.0, cast="end"):
     """RMSNorm of ``x`` over its trailing ``normalized_shape`` axes; differentiable.
 
-    Mirrors :func:`torch.nn.functional.rms_norm` (``eps=None`` uses the machine epsilon of the
-    compute type, as torch does) and adds ``offset``: the scale is ``offset + weight``
-    (``offset=1.0`` with zero-initialised weights is the Gemma convention). ``offset`` is
-    ignored when ``weight`` is None.
+    Mirrors :func:`torch.nn.functional.rms_norm` (``eps=None`` is torch's default) and adds
+    ``offset`` (the scale is ``offset + weight``; ``offset=1.0`` with zero-initialised weights
+    is the Gemma convention) and ``cast``: ``"end"`` rounds once at the end, ``"before_weight"``
+    rounds ``x * rstd`` to x's dtype before the weight (the Hugging Face Llama convention).
+    ``offset`` is ignored when ``weight`` is None.
     """
     shape = _as_shape(normalized_shape)
     _check_shapes(x, shape, weight)
-    eps = _default_eps(x.dtype) if eps is None else float(eps)
+    eps = _eps(eps, x.dtype)
     offset = float(offset)
     if weight is None and len(shape) > 1:
-        # The kernels normalize only the last axis when there is no weight: merge the
-        # normalized axes (a view whenever the strides allow it).
-        flat = x.flatten(start_dim=-len(shape))
-        return _apply(flat, None, eps, offset).reshape(x.shape)
-    return _apply(x, weight, eps, offset)
+        # Without a weight the kernels normalize the last axis: merge the normalized axes.
+        return _norm(x.flatten(x.dim() - len(shape)), None, eps, offset, cast).view(x.shape)
+    return _norm(x, weight, eps, offset, cast)
+
+
+def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, *, offset=0.0, cast="end"):
+    """``h = x + residual`` (rounded to x's dtype) and ``y = rms_norm(h, ...)`` in one pass over
+    memory; returns ``(y, h)``, both differentiable. Arguments as :func:`rms_norm`."""
+    shape = _as_shape(normalized_shape)
+    _check_shapes(x, shape, weight)
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual of shape {tuple(residual.shape)} does not match x of shape {tuple(x.shape)}"
+        )
+    eps = _eps(eps, x.dtype)
+    offset = float(offset)
+    if weight is None and len(shape) > 1:
+        start = x.dim() - len(shape)
+        y, h = _add_norm(x.flatten(start), residual.flatten(start), None, eps, offset, cast)
+        return y.view(x.shape), h.view(x.shape)
+    return _add_norm(x, residual, weight, eps, offset, cast)
 
 
 class RMSNorm(torch.nn.Module):
-    """Drop-in :class:`torch.nn.RMSNorm` running the rmsnorm kernels, with an extra ``offset``.
+    """Drop-in :class:`torch.nn.RMSNorm` running the rmsnorm kernels, plus ``offset``/``cast``.
 
-    Same constructor as torch's (plus ``offset``) and the same state_dict keys: ``"weight"``
-    when ``elementwise_affine``, no parameters otherwise. ``weight`` starts at ones, or zeros
-    when ``offset == 1.0`` so that the initial scale is one either way. ``eps=None`` uses the
-    machine epsilon of the compute type, as torch does.
+    Same constructor as torch's (plus ``offset`` and ``cast``) and the same state_dict keys:
+    ``"weight"`` when ``elementwise_affine``, no parameters otherwise. ``weight`` starts at
+    ones, or zeros when ``offset == 1.0`` so that the initial scale is one either way.
+    ``eps=None`` is torch's default.
     """
 
-    __constants__: ClassVar[list[str]] = ["normalized_shape", "eps", "elementwise_affine", "offset"]
+    __constants__: ClassVar[list[str]] = [
+        "normalized_shape",
+        "eps",
+        "elementwise_affine",
+        "offset",
+        "cast",
+    ]
 
     def __init__(
         self,
         normalized_shape,
         eps=1e-6,
         elementwise_affine=True,
+        *,
         offset=0.0,
+        cast="end",
         device=None,
         dtype=None,
     ):
         super().__init__()
         self.normalized_shape = _as_shape(normalized_shape)
+        if not self.normalized_shape or min(self.normalized_shape) < 0:
+            raise ValueError(f"invalid normalized_shape {normalized_shape!r}")
+        if cast not in _torch_ops.CASTS:
+            raise ValueError(f"cast must be 'end' or 'before_weight', got {cast!r}")
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         self.offset = float(offset)
+        self.cast = cast
         if elementwise_affine:
             factory = {"device": device, "dtype": dtype}
             self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, **factory))
@@ -201,11 +216,34 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x):
         """Normalize ``x`` over its trailing ``normalized_shape`` axes."""
-        return rms_norm(x, self.normalized_shape, self.weight, self.eps, self.offset)
+        weight, eps = self.weight, self.eps
+        if weight is not None and weight.shape == self.normalized_shape:
+            # weight's shape names the normalized axes; the kernels check x against it.
+            eps = eps if type(eps) is float else _eps(eps, x.dtype)
+            return _norm(x, weight, eps, self.offset, self.cast)
+        return rms_norm(
+            x, self.normalized_shape, weight, self.eps, offset=self.offset, cast=self.cast
+        )
 
     def extra_repr(self):
-        """Like torch.nn.RMSNorm's, with the offset when it is not zero."""
+        """Like torch.nn.RMSNorm's, with offset and cast when they are not the defaults."""
         text = (
             f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
         )
-        return f"{text}, offset={self.offset}" if self.offset else text
+        if self.offset:
+            text += f", offset={self.offset}"
+        if self.cast != "end":
+            text += f", cast={self.cast!r}"
+        return text
+
+
+def patch(model):
+    """Replace, in place, every ``torch.nn.RMSNorm`` in ``model`` and every Hugging Face
+    ``transformers`` RMSNorm module of a known convention (Llama, Mistral, Qwen2, Qwen3 and
+    the like: float32 statistics, cast to the input dtype, then times weight; Gemma, Gemma2,
+    Gemma3: times ``1 + weight``, cast at the end) by an equivalent :class:`RMSNorm` that keeps
+    the same weight Parameter (same tensor, same state_dict key). Other modules are left alone;
+    ``model`` itself is never replaced, only its submodules. Returns how many were replaced."""
+    from ._torch_patch import patch_modules
+
+    return patch_modules(model)

@@ -500,7 +500,7 @@ int rms_forward(const rms_isa_table *isa, const rms_fwd_args *a, int nthreads,
         __atomic_store_n(&last_team, 1, __ATOMIC_RELAXED);
         return 0;
     }
-    int nt = team_size(total, nthreads, pool, a->m > 1 ? total : a->k / 16 + 1);
+    int nt = team_size(total, nthreads, pool, total);
     /* OpenMP may give fewer members than asked, never more */
     fwd_job *j = malloc(sizeof *j + (size_t)nt * sizeof(share));
     void *own_w;
@@ -747,7 +747,8 @@ static int bwd_dgamma(const rms_isa_table *isa, const rms_bwd_args *a, const voi
                       int nthreads, const rms_pool *pool) {
     size_t total = a->m * a->k, cs = csize(a->dtype);
     size_t leaves = leaves_for(a->m);
-    int nt = team_size(total, nthreads, pool, a->m * (a->k / 16 + 1));
+    /* a few rows split their columns: 32 or more a member */
+    int nt = team_size(total, nthreads, pool, a->m <= 16 ? (a->k >= 64 ? a->k / 32 : 1) : total);
     /* a member's nodes at once: at most one more than its leaves, and RMS_STACK */
     size_t stack = (leaves + (size_t)nt - 1) / (size_t)nt + 1;
     dg_job j = {&isa->k[a->dtype], isa, a, w, flags, leaves, row_pitch(a->k * cs), 0,
@@ -786,7 +787,7 @@ int rms_backward(const rms_isa_table *isa, const rms_bwd_args *a, int nthreads,
     if (a->dgamma && a->w) {
         rc = bwd_dgamma(isa, a, w, flags, nthreads, pool);
     } else {
-        int nt = team_size(total, nthreads, pool, a->m > 1 ? total : a->k / 16 + 1);
+        int nt = team_size(total, nthreads, pool, total);
         bwd_job *j = malloc(sizeof *j + (size_t)nt * sizeof(share));
         if (j) {
             *j = (bwd_job){&isa->k[a->dtype], a, w, flags, nt == 1 || split_by_rows(a->m, nt)};

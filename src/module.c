@@ -277,15 +277,12 @@ static int same_view(PyArrayObject *a, PyArrayObject *b) {
     return 1;
 }
 
-/* True when the user's output partially overlaps an input (the same view is fine). */
-static int bad_overlap(PyArrayObject *out, PyObject *in) {
-    if (!in || !PyArray_Check(in) || PyArray_SIZE(out) == 0 || PyArray_SIZE((PyArrayObject *)in) == 0)
-        return 0;
-    PyArrayObject *b = (PyArrayObject *)in;
-    if (same_view(out, b))
+/* Whether the memory bounds of two arrays meet (neither empty). */
+static int shares_bounds(PyArrayObject *a, PyArrayObject *b) {
+    if (PyArray_SIZE(a) == 0 || PyArray_SIZE(b) == 0)
         return 0;
     char *l1, *h1, *l2, *h2;
-    extent(out, &l1, &h1);
+    extent(a, &l1, &h1);
     extent(b, &l2, &h2);
     return l1 < h2 && l2 < h1;
 }
@@ -427,6 +424,42 @@ static PyObject *close_out(outbuf *b) {
     return r;
 }
 
+/* ---------------------------------------------------------------- outputs over inputs */
+
+/* An input the kernels read: where it is (or copy, to be read in its place) and whether it may
+ * be the very view of an output (x, residual, dy: the kernels read each of its elements before
+ * they write that element; gamma and rstd are read again by later rows). */
+typedef struct {
+    PyArrayObject **arr;
+    rows2d *v; /* its rows (of nlead leading axes), or NULL */
+    int may_alias;
+} input_ref;
+
+/* NumPy's rule for ufuncs: the result is as if no output overlapped an input. Each input whose
+ * memory bounds meet an output that the kernels write directly (not a temporary copied into the
+ * user's array after them) is replaced by a C-order copy, unless it is that output's own view
+ * and may alias it. The copied operand is the input: at most an output's size, a row's for gamma
+ * and rstd. Called with the GIL, after every check, before the kernels. */
+static int detach_inputs(input_ref *in, int nin, const outbuf *outs, int nout, int nlead) {
+    for (int i = 0; i < nin; i++) {
+        PyArrayObject **a = in[i].arr;
+        for (int j = 0; *a && j < nout; j++) {
+            PyArrayObject *o = outs[j].arr;
+            if (!o || o != outs[j].user || !shares_bounds(*a, o) ||
+                (in[i].may_alias && same_view(*a, o)))
+                continue;
+            PyArrayObject *c = (PyArrayObject *)PyArray_NewCopy(*a, NPY_CORDER);
+            if (!c)
+                return -1;
+            Py_SETREF(*a, c);
+            if (in[i].v && !rows_of(*a, nlead, in[i].v))
+                return -1; /* not reached: a C-order copy has rows */
+            break;
+        }
+    }
+    return 0;
+}
+
 /* gamma checked against x: returns the number of leading (row) axes of x, or -1. */
 static int check_gamma(const char *fn, PyArrayObject *x, PyArrayObject *g) {
     int nx = PyArray_NDIM(x), ng = g ? PyArray_NDIM(g) : 1;
@@ -529,21 +562,13 @@ static PyObject *forward(const char *fn, PyObject *xo, PyObject *ro, PyObject *g
     if (outo && outo != Py_None) {
         if (check_out(fn, "out", outo, x, "x") < 0)
             goto fail;
-        if (bad_overlap((PyArrayObject *)outo, xo) || bad_overlap((PyArrayObject *)outo, ro)) {
-            PyErr_Format(PyExc_ValueError, "%s(): out overlaps an input without being it", fn);
-            goto fail;
-        }
     } else
         outo = NULL;
     if (hout && hout != Py_None) {
         if (check_out(fn, "residual_out", hout, x, "x") < 0)
             goto fail;
-        if (bad_overlap((PyArrayObject *)hout, xo) || bad_overlap((PyArrayObject *)hout, ro) ||
-            (outo && (bad_overlap((PyArrayObject *)hout, outo) ||
-                      same_view((PyArrayObject *)hout, (PyArrayObject *)outo)))) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s(): residual_out overlaps an input or out without being that input",
-                         fn);
+        if (outo && shares_bounds((PyArrayObject *)hout, (PyArrayObject *)outo)) {
+            PyErr_Format(PyExc_ValueError, "%s(): residual_out and out share memory", fn);
             goto fail;
         }
     } else
@@ -553,6 +578,10 @@ static PyObject *forward(const char *fn, PyObject *xo, PyObject *ro, PyObject *g
     if (input_rows(&x, nlead, &xv) < 0 || (r && input_rows(&r, nlead, &rv) < 0))
         goto fail;
     if (open_out(outo, x, nlead, &y) < 0 || (r && open_out(hout, x, nlead, &h) < 0))
+        goto fail;
+    input_ref fin[] = {{&x, &xv, 1}, {&r, &rv, 1}, {&w, NULL, 0}};
+    outbuf fout[] = {y, h};
+    if (detach_inputs(fin, 3, fout, 2, nlead) < 0)
         goto fail;
     if (!(rstd = new_array(nlead, PyArray_DIMS(x), compute_typenum(code))))
         goto fail;
@@ -654,10 +683,6 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     if (outo) {
         if (check_out(fn, "out", outo, x, "x") < 0)
             goto fail;
-        if (bad_overlap((PyArrayObject *)outo, o[0]) || bad_overlap((PyArrayObject *)outo, o[1])) {
-            PyErr_Format(PyExc_ValueError, "%s(): out overlaps an input without being it", fn);
-            goto fail;
-        }
     }
     Py_SETREF(rs, (PyArrayObject *)PyArray_FromAny((PyObject *)rs, NULL, 0, 0,
                                                    NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED,
@@ -665,6 +690,9 @@ static PyObject *py_rms_norm_backward(PyObject *self, PyObject *const *args, Py_
     rows2d xv, dyv;
     if (!rs || input_rows(&x, nlead, &xv) < 0 || input_rows(&dy, nlead, &dyv) < 0 ||
         open_out(outo, x, nlead, &dx) < 0)
+        goto fail;
+    input_ref bin[] = {{&dy, &dyv, 1}, {&x, &xv, 1}, {&w, NULL, 0}, {&rs, NULL, 0}};
+    if (detach_inputs(bin, 4, &dx, 1, nlead) < 0)
         goto fail;
     /* dgamma in gamma's dtype where that shares x's compute type (the driver rounds it), else
      * in the compute type and cast by NumPy */
@@ -762,7 +790,7 @@ static int size_arg(const char *fn, PyObject *arg, size_t *n) {
     long long v = PyLong_AsLongLongAndOverflow(arg, &overflow);
     if (v == -1 && PyErr_Occurred())
         return -1;
-    if (v < 0 || overflow < 0) {
+    if (overflow < 0 || (!overflow && v < 0)) {
         PyErr_Format(PyExc_ValueError, "%s(): n must be >= 0, got %R", fn, arg);
         return -1;
     }

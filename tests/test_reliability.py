@@ -12,7 +12,7 @@ import tracemalloc
 import numpy as np
 import oracle
 import pytest
-from conftest import ISAS, outputs_under_env, using
+from conftest import ISAS, outputs_with, using
 from oracle import ALL_DTYPES, F16, F32, F64, dtype_id
 
 import rmsnorm
@@ -193,8 +193,9 @@ def test_float64_overflow_single_element_and_eps(each_isa):
 @pytest.mark.parametrize("dtype", (F32, oracle.BF16), ids=dtype_id)
 def test_float32_huge_values(dtype, magnitude, each_isa, rng):
     n = 517
-    x = oracle.round_to(rng.uniform(0.1, 1.0, (3, n)) * rng.choice([-1, 1], (3, n))
-                        * magnitude, dtype)
+    x = oracle.round_to(
+        rng.uniform(0.1, 1.0, (3, n)) * rng.choice([-1, 1], (3, n)) * magnitude, dtype
+    )
     gamma = oracle.make_gamma(rng, (n,), F32)
     y, rstd = rmsnorm.rms_norm(x, gamma)
     assert np.all(np.isfinite(oracle.as_f64(y))) and np.all(rstd > 0)
@@ -224,8 +225,9 @@ def test_backward_extreme_magnitudes(dtype, magnitude, each_isa, rng):
     ref_x = (x.astype(F64) / magnitude).astype(dtype)
     _, r_ref = rmsnorm.rms_norm(ref_x, gamma, 0.0)
     dx_ref, _ = rmsnorm.rms_norm_backward(dy, ref_x, gamma, r_ref)
-    np.testing.assert_allclose(dx.astype(F64) * magnitude, dx_ref, rtol=1e-4,
-                               atol=1e-4 * np.abs(dx_ref).max())
+    np.testing.assert_allclose(
+        dx.astype(F64) * magnitude, dx_ref, rtol=1e-4, atol=1e-4 * np.abs(dx_ref).max()
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -367,8 +369,14 @@ def test_members_rows_kept_between_calls(rng):
     from call to call: 6 Python threads, each calling on a team of 4 with rows of its own
     length at once, get the bits each case gives alone (dgamma: within the oracle's bound, as
     the team may differ), and the case alone matches the float64 oracle."""
-    shapes = ((oracle.BF16, 64, 4096), (F16, 96, 2000), (oracle.BF16, 24, 8192), (F32, 64, 5000),
-              (oracle.BF16, 32, 1024), (F16, 48, 6000))
+    shapes = (
+        (oracle.BF16, 64, 4096),
+        (F16, 96, 2000),
+        (oracle.BF16, 24, 8192),
+        (F32, 64, 5000),
+        (oracle.BF16, 32, 1024),
+        (F16, 48, 6000),
+    )
     cases = []
     with using(threads=4):
         for dt, m, k in shapes:
@@ -443,35 +451,6 @@ def test_fewer_threads_than_asked_still_do_all_the_work(tmp_path):
     oracle.assert_dgamma_close(got["dg"], dg64, dg_abs, F32, F32)
 
 
-PREFETCH_PROBE = """
-import sys, numpy as np, rmsnorm
-rng = np.random.default_rng(1)
-out = []
-for dt in (np.float32, np.float64):
-    for m, k in ((3000, 64), (500, 512), (700, 1024), (200, 1536), (300, 2048), (100, 4099)):
-        x = rng.standard_normal((m, k)).astype(dt)
-        r = rng.standard_normal((m, k)).astype(dt)
-        g = rng.uniform(0.5, 1.5, k).astype(dt)
-        for t in (1, 2):
-            rmsnorm.set_num_threads(t)
-            y, rstd = rmsnorm.rms_norm(x, g)
-            dx, dg = rmsnorm.rms_norm_backward(r, x, g, rstd)
-            ya, ra, h = rmsnorm.add_rms_norm(x, r, g)
-            out += [a.ravel().view(np.uint8) for a in (y, rstd, dx, dg, ya, ra, h)]
-sys.stdout.buffer.write(np.concatenate(out).tobytes())
-"""
-
-
-def test_prefetch_choice_does_not_change_results():
-    """RMSNORM_HW_PREFETCH picks whether short 32- and 64-bit rows are prefetched by software
-    or left to the hardware (the default on AMD CPUs with AVX-512: every row on Zen 4, rows
-    under 4 KiB on Zen 5 and later): only the speed may change,
-    never a bit of forward, backward or add, at one thread or two."""
-    runs = outputs_under_env(PREFETCH_PROBE, "RMSNORM_HW_PREFETCH", ("0", "1"), np.uint8)
-    assert runs[0].size > 0
-    assert np.array_equal(runs[0], runs[1])
-
-
 # For the probes: an output `shift` elements past a cache line, as np.empty_like(x) may give.
 AT_OFFSET = """
 def at(shape, dt, shift):
@@ -490,14 +469,18 @@ def keep(out, arrays):  # every NaN as one NaN
         out.append(a.ravel().view(np.uint8))
 """
 
-STREAM_PROBE = """
+STREAM_PROBE = (
+    """
 import os
-os.environ.setdefault("RMSNORM_FUSE_16", "1")  # 16-bit rows fused as on AMD CPUs, on every CPU
-os.environ.setdefault("RMSNORM_STREAM_BYTES", "0")  # every output streamed
 import sys, ml_dtypes, numpy as np, rmsnorm
+rmsnorm._core._set_stream_bytes({stream})  # 0: every output streamed
+rmsnorm._core._set_min_per_thread(0)  # two threads split every call, however small
 rng = np.random.default_rng(2)
 out = []
-""" + AT_OFFSET + KEEP + """
+"""
+    + AT_OFFSET
+    + KEEP
+    + """
 for isa in rmsnorm.available_isas():
     rmsnorm.set_isa(isa)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
@@ -519,7 +502,9 @@ for isa in rmsnorm.available_isas():
                     y, rstd = rmsnorm.rms_norm(x, g, out=at(x.shape, dt, shift))
                     # and without a weight
                     y0, rstd0 = rmsnorm.rms_norm(x, out=at(x.shape, dt, shift))
-                    dx0, _ = rmsnorm.rms_norm_backward(r, x, None, rstd0, out=at(x.shape, dt, shift))
+                    dx0, _ = rmsnorm.rms_norm_backward(
+                        r, x, None, rstd0, out=at(x.shape, dt, shift)
+                    )
                     ya0, ra0, h0 = rmsnorm.add_rms_norm(
                         x, r, out=at(x.shape, dt, shift), residual_out=at(x.shape, dt, shift)
                     )
@@ -533,10 +518,14 @@ for isa in rmsnorm.available_isas():
                     keep(out, (y, rstd, y0, rstd0, dx0, ya0, ra0, h0, dx, dg, ya, ra, h, xi, ri))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
+)
+
+
+STREAM_0 = STREAM_PROBE.replace("{stream}", "0")
 
 
 def test_streaming_does_not_change_results():
-    """RMSNORM_STREAM_BYTES=0 streams every output (whole cache lines non-temporally, the
+    """A streaming threshold of 0 streams every output (whole cache lines non-temporally, the
     partial lines of rows that start or end inside one plainly, or on x86-64 non-temporally in
     pieces of 16, 8 and 4 bytes where the row starts and ends on 4 bytes: every 32- and 64-bit
     row, and the 16-bit rows here of even length shifted 0, 2 or 8 elements; the forward's and
@@ -549,56 +538,7 @@ def test_streaming_does_not_change_results():
     rows too, as on AMD CPUs), the add also in place. NaNs
     are compared by place only: the sign and payload of a NaN that meets another NaN in one
     instruction depend on the order of its operands, which the compiler picks per loop."""
-    runs = outputs_under_env(STREAM_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)
-    assert runs[0].size > 0
-    assert np.array_equal(runs[0], runs[1])
-
-
-EARLY_H_PROBE = """
-import os
-os.environ["RMSNORM_STREAM_BYTES"] = "0"  # every output streamed
-import sys, ml_dtypes, numpy as np, rmsnorm
-rng = np.random.default_rng(3)
-out = []
-""" + AT_OFFSET + KEEP + """
-for isa in rmsnorm.available_isas():
-    rmsnorm.set_isa(isa)
-    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-        for m, k in ((40, 64), (9, 1000), (6, 2053), (4, 8192), (3, 32771)):
-            x = rng.standard_normal((m, k)).astype(dt)
-            r = rng.standard_normal((m, k)).astype(dt)
-            x[1] = -r[1]  # h = 0
-            x[2, k // 2] = np.nan
-            x[-1] = r[-1] = float(ml_dtypes.finfo(dt).tiny) * 4  # squares that underflow
-            g = rng.uniform(0.5, 1.5, k).astype(dt)
-            for shift in (0, 1, 3, 8):
-                for t in (1, 2):
-                    rmsnorm.set_num_threads(t)
-                    res = list(rmsnorm.add_rms_norm(
-                        x, r, g, out=at(x.shape, dt, shift), residual_out=at(x.shape, dt, shift)
-                    ))
-                    xi, ri = at(x.shape, dt, shift), at(x.shape, dt, shift)
-                    xi[...], ri[...] = x, r
-                    h = at(x.shape, dt, shift)
-                    rmsnorm.add_rms_norm(xi, ri, g, out=xi, residual_out=h)  # y over x
-                    res += [xi, h]
-                    xi[...] = x
-                    rmsnorm.add_rms_norm(xi, ri, g, out=ri, residual_out=h)  # y over r
-                    res += [ri, h]
-                    ri[...] = r
-                    res += list(rmsnorm.add_rms_norm(xi, ri, g, residual_out=ri))  # h over r
-                    keep(out, res)
-sys.stdout.buffer.write(np.concatenate(out).tobytes())
-"""
-
-
-def test_add_storing_h_in_the_first_pass_does_not_change_results():
-    """The add's streamed rows store h in their first pass (32- and 64-bit rows as it sums
-    (x + r)^2, 16-bit rows as it fills the stage; RMSNORM_EARLY_H_BYTES=0: every row that can),
-    or in the second pass with y (a huge value): every ISA, dtype, output offset and thread count
-    must give the same bits either way, with y over x or over r, h over r, and rows whose h is
-    zero, NaN or has squares that underflow."""
-    runs = outputs_under_env(EARLY_H_PROBE, "RMSNORM_EARLY_H_BYTES", ("0", str(1 << 62)), np.uint8)
+    runs = outputs_with(STREAM_PROBE, "{stream}", ("0", str(1 << 62)), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])
 
@@ -633,8 +573,13 @@ def test_stream_threshold_from_the_l3_or_the_environment(setting):
     env = {k: v for k, v in os.environ.items() if k != "RMSNORM_STREAM_BYTES"}
     if setting is not None:
         env["RMSNORM_STREAM_BYTES"] = setting
-    out = subprocess.run([sys.executable, "-c", STREAM_BYTES_PROBE], env=env, check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", STREAM_BYTES_PROBE],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     threshold, l3 = map(int, out.split())
     if setting is not None:
         assert threshold == int(setting)
@@ -645,30 +590,9 @@ def test_stream_threshold_from_the_l3_or_the_environment(setting):
     assert threshold == (min(32 << 20, l3 // 2) if l3 else 32 << 20)
 
 
-def test_fusing_16_bit_rows_does_not_change_results():
-    """RMSNORM_FUSE_16=1 fuses streamed 16-bit rows across rows in the forward and the backward
-    (the next row's sum taken a block at a time between the chunks of this row's second pass);
-    =0 takes the two passes in turn. By default Intel CPUs fuse the backward's rows only, from
-    1 KiB (512 bytes with AVX2). Every output streamed, the same probe as above: the same bits
-    either way."""
-    runs = outputs_under_env(STREAM_PROBE, "RMSNORM_FUSE_16", ("0", "1"), np.uint8)
-    assert runs[0].size > 0
-    assert np.array_equal(runs[0], runs[1])
-
-
-def test_fusing_32_and_64_bit_rows_does_not_change_results():
-    """RMSNORM_FUSE_32=0 takes streamed 32- and 64-bit rows through their two passes in turn, as
-    AMD CPUs from Zen 5 on do by default; =1 fuses those of the lengths each kernel family fuses
-    (the forward's float32 rows of 16 KiB and 8 KiB here, the add's of 8 KiB, the backward's of
-    128 KiB with AVX-512; most rows with AVX2). Every output streamed, the same probe as above:
-    the same bits either way."""
-    runs = outputs_under_env(STREAM_PROBE, "RMSNORM_FUSE_32", ("0", "1"), np.uint8)
-    assert runs[0].size > 0
-    assert np.array_equal(runs[0], runs[1])
-
-
 # Outputs in buffers of sentinel bytes, for the probes below.
-OUT_HELPERS = """
+OUT_HELPERS = (
+    """
 SENTINEL = 0x5A
 def at(shape, dt, shift):
     # a packed output `shift` elements past a cache line, in a buffer of sentinel bytes
@@ -700,7 +624,9 @@ def calls(x, r, g, rstd, dt, shift):
     for b, s, a in outs:
         check(b, s, a)
     return y, ry, dx, dg, dz, ya, ra, h, xi, ri
-""" + KEEP + """
+"""
+    + KEEP
+    + """
 def cases(shapes, shifts, mark):
     # every ISA, dtype and shape (x given rows that take the slow path by mark), output offset
     # and one thread or two: what calls returns, in turn
@@ -718,13 +644,19 @@ def cases(shapes, shifts, mark):
                         rmsnorm.set_num_threads(t)
                         yield calls(x, r, g, rstd, dt, shift)
 """
+)
 
-LINE_PROBE = """
+LINE_PROBE = (
+    """
 import sys, ml_dtypes, numpy as np, rmsnorm
+rmsnorm._core._set_stream_bytes({stream})
+rmsnorm._core._set_min_per_thread(0)  # two threads split every call, however small
 rng = np.random.default_rng(4)
 out = []
-""" + OUT_HELPERS + """# rows of 64 to 508 bytes, enough of them that each of two threads takes several batches of the
-# line buffer, the threads' shares starting and ending inside rows
+"""
+    + OUT_HELPERS
+    + """# rows of 64 to 508 bytes, enough of them that each of two threads takes several batches
+# of the line buffer, the threads' shares starting and ending inside rows
 shapes = {np.float16: ((601, 64), (601, 65), (401, 96), (301, 128)),
           ml_dtypes.bfloat16: ((601, 64), (301, 128), (601, 127)),
           np.float32: ((2051, 16), (1025, 64), (401, 96), (301, 127)),
@@ -736,6 +668,7 @@ for y, _, dx, _, dz, ya, _, h, xi, ri in cases(shapes, (1, 3, 8), mark):
     keep(out, (y, dx, dz, ya, h, xi, ri))
 sys.stdout.buffer.write(np.concatenate(out).tobytes())
 """
+)
 
 
 def test_line_buffer_does_not_change_results():
@@ -744,188 +677,11 @@ def test_line_buffer_does_not_change_results():
     lines streamed out, the partial line carried over to the next batch (the add's 16-bit rows of
     128 to 256 bytes, the forward's of 256; the backward's 32- and 64-bit rows of 64 to 511
     bytes, and of 256 to 511 on AMD CPUs from Zen 5 on; the rest here store plainly or stream
-    either way). RMSNORM_STREAM_BYTES=0
+    either way). A streaming threshold of 0
     takes that path for every output here; a huge value stores every row plainly. Every ISA,
     dtype, offset within a line (and one on a line), one thread or two: the same bits either
     way, and no byte stored outside the output, however the threads' shares cut the rows."""
-    runs = outputs_under_env(LINE_PROBE, "RMSNORM_STREAM_BYTES", ("0", str(1 << 62)), np.uint8)
-    assert runs[0].size > 0
-    assert np.array_equal(runs[0], runs[1])
-
-
-@pytest.mark.parametrize("probe", ["stream", "line"])
-def test_streaming_partial_lines_does_not_change_results(probe):
-    """RMSNORM_STREAM_EDGES=1 streams outputs whose rows do not start on cache lines as it does
-    rows that do, their partial lines in non-temporal pieces, and sends short packed rows through
-    the line buffer (the default on Intel CPUs, and for 32- and 64-bit rows of 256 bytes or more
-    and 16-bit rows of 512 on AMD CPUs from Zen 5 on); =0 streams such rows from 1 KiB only (512
-    bytes in the 32- and 64-bit forward), their partial lines stored plainly. Every output
-    streamed, the two probes above (rows of 64 bytes to 128 KiB, on and off lines, one thread or
-    two): the same bits either way, and in the line probe no byte stored outside the output."""
-    every = 'import os\nos.environ.setdefault("RMSNORM_STREAM_BYTES", "0")\n'
-    script = STREAM_PROBE if probe == "stream" else every + LINE_PROBE
-    runs = outputs_under_env(script, "RMSNORM_STREAM_EDGES", ("0", "1"), np.uint8)
-    assert runs[0].size > 0
-    assert np.array_equal(runs[0], runs[1])
-
-
-BACK_PROBE = """
-import os
-os.environ["RMSNORM_STREAM_BYTES"] = "{stream}"
-import sys, ml_dtypes, numpy as np, rmsnorm
-rng = np.random.default_rng(5)
-out = []
-""" + OUT_HELPERS + """
-# rows of several 16 KiB blocks and a ragged one; one row (a piece a thread), a few rows (whole
-# rows and pieces), many rows
-dims = ((1, 24577), (3, 12289), (40, 8200))
-def mark(x):  # rows that take the slow path
-    m, k = x.shape
-    x[-1, k // 3] = 0 if m == 1 else np.nan
-    if m > 1:
-        x[0] = 0
-dts = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
-for outs in cases({dt: dims for dt in dts}, (0, 3), mark):
-    keep(out, outs)
-sys.stdout.buffer.write(np.concatenate(out).tobytes())
-"""
-
-
-@pytest.mark.parametrize("stream", ["0", str(1 << 62)], ids=["streamed", "plain"])
-def test_long_rows_backwards_do_not_change_results(stream):
-    """The second pass over a long row piece goes backwards, a block of 16 KiB of the output at a
-    time, where the first pass read it last: the forward's long rows and its pieces (a row split
-    across threads), the backward's single rows and pieces, the add's long rows (h staged, or
-    streamed beside y) and staged pieces. From 1 MiB by default; RMSNORM_BACK_BYTES=0 takes that
-    path for every row here, a huge value for none. Every ISA and dtype, rows of several blocks
-    and a ragged one, outputs on a line and off it, streamed and stored plainly, one thread or
-    two: the same bits either way, and no byte stored outside the output."""
-    probe = BACK_PROBE.replace("{stream}", stream)
-    runs = outputs_under_env(probe, "RMSNORM_BACK_BYTES", ("0", str(1 << 62)), np.uint8)
-    assert runs[0].size > 0
-    assert np.array_equal(runs[0], runs[1])
-
-
-BWD16_PROBE = """
-import os
-os.environ["RMSNORM_STREAM_BYTES"] = "{stream}"
-import sys, ml_dtypes, numpy as np, rmsnorm
-rng = np.random.default_rng(3)
-out = []
-for isa in rmsnorm.available_isas():
-    rmsnorm.set_isa(isa)
-    for dt in (np.float16, ml_dtypes.bfloat16):
-        for m, k in ((3000, 64), (700, 1024), (90, 4099), (12, 8192)):  # 128 B to 16 KiB rows
-            x = rng.standard_normal((m, k)).astype(dt)
-            dy = rng.standard_normal((m, k)).astype(dt)
-            g = rng.uniform(0.5, 1.5, k).astype(dt)
-            _, rstd = rmsnorm.rms_norm(x, g)
-            for t in (1, 2):
-                rmsnorm.set_num_threads(t)
-                for w in (g, None):
-                    dx, dg = rmsnorm.rms_norm_backward(dy, x, w, rstd)
-                    out += [a.ravel().view(np.uint8) for a in (dx, dg) if a is not None]
-sys.stdout.buffer.write(np.concatenate(out).tobytes())
-"""
-
-
-@pytest.mark.parametrize("stream", ["0", str(1 << 62)], ids=["streamed", "plain"])
-def test_16_bit_backward_prefetch_choice_does_not_change_results(stream):
-    """RMSNORM_L1_PREFETCH_16=1 has the backward prefetch 16-bit rows of up to 2 KiB into L1, 16
-    KiB ahead (the default on Intel CPUs with the AVX-512 kernels); =0 into L2, 64 KiB ahead.
-    Every ISA, rows of 128 bytes (in groups) to 16 KiB, with every dx streamed (rows of 1 KiB
-    or more then fused across rows) or none (rows of 16 KiB in pairs on AVX-512), with and
-    without a weight, one thread or two: the same bits either way."""
-    script = BWD16_PROBE.replace("{stream}", stream)
-    runs = outputs_under_env(script, "RMSNORM_L1_PREFETCH_16", ("0", "1"), np.uint8)
-    assert runs[0].size > 0
-    assert np.array_equal(runs[0], runs[1])
-
-
-PAIRS_PROBE = """
-import os
-os.environ["RMSNORM_FUSE_16"] = "0"  # 16-bit rows in two passes, where pairs apply
-os.environ["RMSNORM_STREAM_BYTES"] = "{stream}"
-import sys, ml_dtypes, numpy as np, rmsnorm
-rng = np.random.default_rng(5)
-out = []
-""" + AT_OFFSET + KEEP + """
-for isa in rmsnorm.available_isas():
-    rmsnorm.set_isa(isa)
-    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-        for m, k in ((5, 1024), (4, 3072), (7, 2053), (3, 8192), (5, 4100)):
-            x = rng.standard_normal((m, k)).astype(dt)
-            dy = rng.standard_normal((m, k)).astype(dt)
-            x[1] = 0  # rstd = 1 / sqrt(eps)
-            dy[2, k // 2] = np.nan
-            g = rng.uniform(0.5, 1.5, k).astype(dt)
-            _, rstd = rmsnorm.rms_norm(x, g)
-            for shift in (0, 1, 8):
-                for t in (1, 2):
-                    rmsnorm.set_num_threads(t)
-                    dx, dg = rmsnorm.rms_norm_backward(dy, x, g, rstd, out=at(x.shape, dt, shift))
-                    keep(out, (dx, dg))
-sys.stdout.buffer.write(np.concatenate(out).tobytes())
-"""
-
-
-@pytest.mark.parametrize("stream", ["0", str(1 << 62)], ids=["streamed", "plain"])
-@pytest.mark.parametrize("knob", ["RMSNORM_PAIR_ROWS", "RMSNORM_BWD_AHEAD_32"])
-def test_backward_row_pairs_and_prefetch_reach_do_not_change_results(knob, stream):
-    """RMSNORM_PAIR_ROWS=1 has the backward take every row it can through its second pass in
-    pairs (the weight and the dgamma row loaded once for both), =0 one row at a time; by default
-    the CPU decides (rows whose pages line up pair from 12 KiB on Zen 5, from 32 KiB on Zen 4).
-    RMSNORM_BWD_AHEAD_32=1 has it prefetch 32- and 64-bit rows 32 KiB ahead, =0 64 KiB (by
-    default 32 at one thread on Zen 5). Every ISA and dtype, rows of 1,024 to 8,192 elements (2
-    to 64 KiB), an odd row count, a zero row and a NaN, dx streamed or not at three offsets
-    within a line, one thread or two: the same bits either way."""
-    script = PAIRS_PROBE.replace("{stream}", stream)
-    runs = outputs_under_env(script, knob, ("0", "1"), np.uint8)
-    assert runs[0].size > 0
-    assert np.array_equal(runs[0], runs[1])
-
-
-FWD_NEAR_PROBE = """
-import os
-os.environ.setdefault("RMSNORM_FWD_NEAR", "1")  # the knob under test overrides it
-os.environ["RMSNORM_STREAM_BYTES"] = "0"  # every output streams: the choices apply only then
-import sys, ml_dtypes, numpy as np, rmsnorm
-rng = np.random.default_rng(6)
-out = []
-""" + AT_OFFSET + KEEP + """
-dims = ((4, 5000, 1), (3, 8193, 1), (5, 12289, 1), (3, 20000, 1), (1, 9000, 1), (6, 8200, 2),
-        (70, 64, 1), (40, 100, 1), (12, 700, 1), (9, 300, 2))
-for isa in rmsnorm.available_isas():
-    rmsnorm.set_isa(isa)
-    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-        # rows over 16 and 32 KiB, one row, rows two strides apart (not contiguous), and rows
-        # of 256 bytes to 4 KiB, several groups of the short ones
-        for m, k, step in dims:
-            x = rng.standard_normal((m * step, k)).astype(dt)[::step]
-            x[1 % m] = 0  # rstd = 1 / sqrt(eps)
-            x[-1, k // 2] = np.nan
-            g = rng.uniform(0.5, 1.5, k).astype(dt)
-            for shift in (0, 1):
-                for t in (1, 2):
-                    rmsnorm.set_num_threads(t)
-                    y, rstd = rmsnorm.rms_norm(x, g, out=at(x.shape, dt, shift))
-                    keep(out, (y, rstd))
-sys.stdout.buffer.write(np.concatenate(out).tobytes())
-"""
-
-
-@pytest.mark.parametrize("knob", ["RMSNORM_FWD_NEAR", "RMSNORM_FWD_AHEAD_32"])
-def test_forward_prefetch_choices_do_not_change_results(knob):
-    """RMSNORM_FWD_NEAR=1 has the forward prefetch rows over 16 KiB into L1, a row ahead, =0
-    into L2, 64 KiB ahead, and its 32- and 64-bit rows of 256 bytes to 4 KiB into L1, 16 KiB
-    ahead, =0 leave them to the CPU's prefetcher (Zen 5) or prefetch them into L2;
-    RMSNORM_FWD_AHEAD_32=1 (with FWD_NEAR on) has it prefetch contiguous 32- and 64-bit rows over
-    32 KiB 32 KiB ahead, into the rest of the row and the start of the next, =0 a row ahead (by
-    default both on Zen 5 for outputs that stream, the second at one thread). Every ISA and
-    dtype, rows of 128 bytes to 160 KiB, one row, rows that are not contiguous, a zero row and a
-    NaN, every output streamed, on a line and off it, one thread or two: the same bits either
-    way."""
-    runs = outputs_under_env(FWD_NEAR_PROBE, knob, ("0", "1"), np.uint8)
+    runs = outputs_with(LINE_PROBE, "{stream}", ("0", str(1 << 62)), np.uint8)
     assert runs[0].size > 0
     assert np.array_equal(runs[0], runs[1])
 
