@@ -66,7 +66,7 @@ def test_streamed_outputs_match_oracle(shape, dtype, isa, threads, rng):
     y64, _, r64, _ = oracle.forward(x, gamma)
     h_ref, ya64, _, ra64, _ = oracle.add_rms_norm(x, res, gamma)
     with using(isa, threads, stream_bytes=0):
-        for kind, shift in (("contiguous", 0), ("contiguous", 1), ("reversed", 3), ("spaced", 8)):
+        for kind, shift in (("contiguous", 0), ("reversed", 1), ("spaced", 3)):
             xv, rv, dyv = view(x, kind), view(res, kind), view(dy, kind)
             # forward, cast at the end
             y, rstd = rmsnorm.rms_norm(xv, gamma, out=at(xs, dtype, shift))
