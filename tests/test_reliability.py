@@ -189,6 +189,23 @@ def test_float64_overflow_single_element_and_eps(each_isa):
     np.testing.assert_allclose(y, 1.0, rtol=1e-15)
 
 
+@pytest.mark.parametrize("magnitude", (1e-155, 1e-160, 1e-200, 5e-324), ids=str)
+@pytest.mark.parametrize("eps", (1e-12, 1e-6))
+def test_float64_tiny_rows_beside_eps(magnitude, eps, each_isa, rng):
+    # eps / max|x|**2 overflows (or nearly) for these rows: their mean square vanishes beside eps,
+    # so rstd is 1 / sqrt(eps) within the two roundings of the rescaled formula (2 ulp).
+    x = rng.uniform(0.5, 1.0, (3, 37)) * magnitude
+    x[1] = 0.0
+    x[1, 5] = magnitude
+    gamma = rng.uniform(0.5, 1.5, 37)
+    for y, rstd in (
+        rmsnorm.rms_norm(x, gamma, eps),
+        rmsnorm.add_rms_norm(x, 0 * x, gamma, eps)[:2],
+    ):
+        np.testing.assert_allclose(rstd, 1.0 / np.sqrt(eps), rtol=4.5e-16, atol=0)
+        np.testing.assert_allclose(y, x * (1.0 / np.sqrt(eps)) * gamma, rtol=1e-15, atol=0)
+
+
 @pytest.mark.parametrize("magnitude", (1e30, 3e38), ids=str)
 @pytest.mark.parametrize("dtype", (F32, oracle.BF16), ids=dtype_id)
 def test_float32_huge_values(dtype, magnitude, each_isa, rng):

@@ -181,7 +181,11 @@ static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
         double v = r ? (double)S_RND((C)(S_LD(x + i) + S_LD(r + i))) : (double)S_LD(x + i);
         s += (v / amax) * (v / amax);
     }
-    return 1.0 / (amax * sqrt(s / (double)n + eps / amax / amax));
+    double t = eps / amax / amax;
+    if (!(t <= 1.79769313486231570e308)) /* eps / amax^2 overflows: the mean square (at most
+                                           * amax^2) vanishes beside eps */
+        return 1.0 / sqrt(eps);
+    return 1.0 / (amax * sqrt(s / (double)n + t));
 }
 
 /* The row's rstd, rounded to the compute type, from its sum of squares. */
