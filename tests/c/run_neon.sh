@@ -40,7 +40,7 @@ if [ -n "${RMSNORM_OBJS:-}" ]; then
 else
     compile gcc "$out/o-native" "$defs" src/dispatch.c src/kernels/scalar.c $simd
 fi
-gcc $cflags tests/c/kernel_check.c "${objs[@]}" -lm -o "$out/native"
+gcc $cflags $defs tests/c/kernel_check.c "${objs[@]}" -lm -o "$out/native"
 "$out/native"
 
 if [ "$(uname -m)" != aarch64 ]; then
@@ -54,7 +54,7 @@ if [ "$(uname -m)" != aarch64 ]; then
         objs=()
         compile aarch64-linux-gnu-gcc "$out/o-neon" -DRMSNORM_HAVE_NEON \
             src/dispatch.c src/kernels/scalar.c src/kernels/neon.c
-        aarch64-linux-gnu-gcc $cflags tests/c/kernel_check.c "${objs[@]}" -lm -static \
+        aarch64-linux-gnu-gcc $cflags -DRMSNORM_HAVE_NEON tests/c/kernel_check.c "${objs[@]}" -lm -static \
             -o "$out/neon"
         qemu-aarch64-static "$out/neon"
     else
