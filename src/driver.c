@@ -358,8 +358,8 @@ static size_t wbytes(int dtype, int flags) {
 /* Member t's share of the flattened m*k elements: full rows [r0, r1) and up to two partial
  * rows (p[0]: the end of the row before r0, p[1]: the start of row r1). */
 typedef struct {
-    size_t row, c0, c1;
-    double s; /* the piece's sum */
+    size_t row, c0, c1; /* c0 a multiple of RMS_CHUNK */
+    double *parts;      /* the sums of the piece's chunks (the kernels' sumsq and dot) */
 } piece;
 
 typedef struct {
@@ -367,20 +367,31 @@ typedef struct {
     piece p[2];
 } share;
 
+/* Element offset b of the flattened rows moved up to the next chunk bound of its row (or the
+ * row's end): members that share a row then meet where a one-thread sum's chunks meet. */
+static size_t chunk_bound(size_t b, size_t k) {
+    size_t row = b / k, col = b % k;
+    col = (col + RMS_CHUNK - 1) / RMS_CHUNK * RMS_CHUNK;
+    return row * k + (col < k ? col : k);
+}
+
+static size_t nchunks(size_t n) { return (n + RMS_CHUNK - 1) / RMS_CHUNK; }
+
 static share split(size_t m, size_t k, int t, int nt, int by_rows) {
-    share s = {0, 0, {{RMS_NONE, 0, 0, 0.0}, {RMS_NONE, 0, 0, 0.0}}};
+    share s = {0, 0, {{RMS_NONE, 0, 0, NULL}, {RMS_NONE, 0, 0, NULL}}};
     size_t e0, e1, total = m * k;
     if (by_rows) {
         chunk(m, t, nt, 1, &s.r0, &s.r1);
         return s;
     }
     chunk(total, t, nt, total >= (size_t)nt * 256 ? 16 : 1, &e0, &e1);
+    e0 = chunk_bound(e0, k), e1 = chunk_bound(e1, k);
     if (e0 >= e1)
         return s;
     size_t row = e0 / k, col = e0 % k;
     if (col) {
         size_t end = e1 - row * k < k ? e1 - row * k : k;
-        s.p[0] = (piece){row, col, end, 0.0};
+        s.p[0] = (piece){row, col, end, NULL};
         e0 = row * k + end;
         row++;
     }
@@ -388,7 +399,7 @@ static share split(size_t m, size_t k, int t, int nt, int by_rows) {
     if (e0 < e1) {
         s.r1 = e1 / k;
         if (e1 % k)
-            s.p[1] = (piece){s.r1, 0, e1 % k, 0.0};
+            s.p[1] = (piece){s.r1, 0, e1 % k, NULL};
     }
     return s;
 }
@@ -396,13 +407,15 @@ static share split(size_t m, size_t k, int t, int nt, int by_rows) {
 /* Whole rows when they spread evenly, else the flattened split. */
 static int split_by_rows(size_t m, int nt) { return m % (size_t)nt == 0 || m >= 16 * (size_t)nt; }
 
-/* Sum of the partial results for `row`, always in member order so every sharer agrees. */
+/* The sum of `row`: its pieces' chunk sums left to right (member order is column order), as
+ * the kernels add a whole row's. */
 static double row_sum(const share *sh, int nt, size_t row) {
     double s = 0.0;
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 2; j++)
             if (sh[t].p[j].row == row)
-                s += sh[t].p[j].s;
+                for (size_t q = 0; q < nchunks(sh[t].p[j].c1 - sh[t].p[j].c0); q++)
+                    s += sh[t].p[j].parts[q];
     return s;
 }
 
@@ -424,7 +437,8 @@ typedef struct {
     const rms_fwd_args *a;
     const void *w;
     int flags, by_rows;
-    share sh[]; /* one a member */
+    double *parts; /* [2 x members x chunks of a row]: the pieces' chunk sums */
+    share sh[];    /* one a member */
 } fwd_job;
 
 /* The second phase (rescue) only where a shared row's sum of squares is unusable. */
@@ -459,9 +473,10 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
             piece *p = &s.p[i];
             if (p->row == RMS_NONE)
                 continue;
-            p->s = kt->sumsq(AT(a->x, p->row, a->xs, p->c0, es),
-                             a->r ? AT(a->r, p->row, a->rs, p->c0, es) : NULL,
-                             a->r ? AT(a->h, p->row, a->hs, p->c0, es) : NULL, p->c1 - p->c0);
+            p->parts = j->parts + (2 * (size_t)t + (size_t)i) * nchunks(k);
+            kt->sumsq(AT(a->x, p->row, a->xs, p->c0, es),
+                      a->r ? AT(a->r, p->row, a->rs, p->c0, es) : NULL,
+                      a->r ? AT(a->h, p->row, a->hs, p->c0, es) : NULL, p->c1 - p->c0, p->parts);
         }
         j->sh[t] = s;
         if (s.r1 > s.r0)
@@ -515,10 +530,14 @@ int rms_forward(const rms_isa_table *isa, const rms_fwd_args *a, int nthreads,
     j->a = a;
     j->flags = flags;
     j->by_rows = nt == 1 || split_by_rows(a->m, nt);
-    run_team(nt, j->by_rows ? 1 : 3, fwd_phase, fwd_skip, j, pool);
+    j->parts = j->by_rows ? NULL : malloc(2 * (size_t)nt * nchunks(a->k) * sizeof(double));
+    int rc = j->by_rows || j->parts ? 0 : -1;
+    if (rc == 0)
+        run_team(nt, j->by_rows ? 1 : 3, fwd_phase, fwd_skip, j, pool);
+    free(j->parts);
     free(own_w);
     free(j);
-    return 0;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- backward without dgamma */
@@ -528,7 +547,8 @@ typedef struct {
     const rms_bwd_args *a;
     const void *w;
     int flags, by_rows;
-    share sh[]; /* one a member */
+    double *parts; /* [2 x members x chunks of a row]: the pieces' chunk sums */
+    share sh[];    /* one a member */
 } bwd_job;
 
 /* Phase 0: the pieces' dot products, and the whole rows. Phase 1: the pieces' dx. */
@@ -542,12 +562,12 @@ static void bwd_phase(void *job, int t, int nt, int phase) {
         share s = split(a->m, k, t, nt, j->by_rows);
         for (int i = 0; i < 2; i++) {
             piece *p = &s.p[i];
-            if (p->row != RMS_NONE)
-                p->s = kt->dot(AT(a->dy, p->row, a->dys, p->c0, es),
-                               AT(a->x, p->row, a->xs, p->c0, es),
-                               j->w ? (const char *)j->w + p->c0 * wbytes(a->dtype, j->flags)
-                                    : NULL,
-                               load_c(a->rstd, p->row, f64), p->c1 - p->c0, j->flags);
+            if (p->row == RMS_NONE)
+                continue;
+            p->parts = j->parts + (2 * (size_t)t + (size_t)i) * nchunks(k);
+            kt->dot(AT(a->dy, p->row, a->dys, p->c0, es), AT(a->x, p->row, a->xs, p->c0, es),
+                    j->w ? (const char *)j->w + p->c0 * wbytes(a->dtype, j->flags) : NULL,
+                    load_c(a->rstd, p->row, f64), p->c1 - p->c0, j->flags, p->parts);
         }
         j->sh[t] = s;
         if (s.r1 > s.r0)
@@ -600,7 +620,7 @@ typedef struct {
     size_t leaves, pitch, dots_n, stack;
     char *rows;      /* members' rows: `stack` each (whole leaves), or one a leaf */
     char **node;     /* [2 * leaves]: each finished node's row, or NULL */
-    double *dots;    /* [members x dots_n]: split leaves' dot products by member */
+    double *dots;    /* [leaves x dots_n x chunks of a row]: split leaves' chunk sums */
     void *dg;        /* dgamma in the compute type (a->dgamma, or a row of ours) */
 } dg_job;
 
@@ -673,21 +693,21 @@ static void dg_split_leaf(dg_job *j, size_t leaf, int t, int t0, int t1, int pha
     size_t es = rms_esize(a->dtype), cs = csize(a->dtype), r0, r1, c0, c1;
     int f64 = a->dtype == RMS_F64;
     leaf_rows(j, leaf, &r0, &r1);
-    chunk(a->k, t - t0, t1 - t0, a->k >= (size_t)(t1 - t0) * 64 ? 16 : 1, &c0, &c1);
+    chunk(a->k, t - t0, t1 - t0, RMS_CHUNK, &c0, &c1);
     char *row = j->rows + leaf * j->pitch;
     const char *w = j->w ? (const char *)j->w + c0 * wbytes(a->dtype, j->flags) : NULL;
-    double *dots = j->dots + (size_t)t * j->dots_n;
+    size_t nch = nchunks(a->k);
     for (size_t i = r0; i < r1; i++) {
+        double *parts = j->dots + (leaf * j->dots_n + i - r0) * nch; /* members side by side */
         if (phase == 0) {
-            dots[i - r0] = c1 > c0 ? j->kt->dot(AT(a->dy, i, a->dys, c0, es),
-                                                AT(a->x, i, a->xs, c0, es), w,
-                                                load_c(a->rstd, i, f64), c1 - c0, j->flags)
-                                   : 0.0;
+            if (c1 > c0)
+                j->kt->dot(AT(a->dy, i, a->dys, c0, es), AT(a->x, i, a->xs, c0, es), w,
+                           load_c(a->rstd, i, f64), c1 - c0, j->flags, parts + c0 / RMS_CHUNK);
             continue;
         }
         double s = 0.0, r = load_c(a->rstd, i, f64);
-        for (int u = t0; u < t1; u++) /* in member order, so every member agrees */
-            s += j->dots[(size_t)u * j->dots_n + i - r0];
+        for (size_t q = 0; q < nch; q++) /* left to right, as one thread's sum */
+            s += parts[q];
         double c = rms_bwd_c(s, a->k);
         if (c1 > c0)
             j->kt->bwd_piece(AT(a->dy, i, a->dys, c0, es), AT(a->x, i, a->xs, c0, es), w,
@@ -757,7 +777,7 @@ static int bwd_dgamma(const rms_isa_table *isa, const rms_bwd_args *a, const voi
     j.dots_n = (size_t)nt > leaves ? (a->m + leaves - 1) / leaves : 0;
     j.rows = scratch_rows(nrows, a->k * cs);
     j.node = calloc(2 * leaves, sizeof *j.node);
-    j.dots = j.dots_n ? malloc((size_t)nt * j.dots_n * sizeof(double)) : NULL;
+    j.dots = j.dots_n ? malloc(leaves * j.dots_n * nchunks(a->k) * sizeof(double)) : NULL;
     int rc = -1;
     if (j.rows && j.node && (j.dots || !j.dots_n)) {
         run_team(nt, 3, dg_phase, dg_skip, &j, pool);
@@ -790,10 +810,16 @@ int rms_backward(const rms_isa_table *isa, const rms_bwd_args *a, int nthreads,
         int nt = team_size(total, nthreads, pool, total);
         bwd_job *j = malloc(sizeof *j + (size_t)nt * sizeof(share));
         if (j) {
-            *j = (bwd_job){&isa->k[a->dtype], a, w, flags, nt == 1 || split_by_rows(a->m, nt)};
-            run_team(nt, j->by_rows ? 1 : 2, bwd_phase, NULL, j, pool);
+            int by_rows = nt == 1 || split_by_rows(a->m, nt);
+            *j = (bwd_job){&isa->k[a->dtype], a, w, flags, by_rows,
+                           by_rows ? NULL : malloc(2 * (size_t)nt * nchunks(a->k) * sizeof(double))};
+            if (by_rows || j->parts)
+                run_team(nt, j->by_rows ? 1 : 2, bwd_phase, NULL, j, pool);
+            else
+                rc = -1;
+            free(j->parts);
         }
-        rc = j ? 0 : -1;
+        rc = j && rc == 0 ? 0 : -1;
         free(j);
     }
     free(own_w);

@@ -11,6 +11,10 @@
 /* Storage dtypes. The compute type is double for F64 and float for the rest. */
 enum rms_dtype { RMS_F32 = 0, RMS_F64 = 1, RMS_F16 = 2, RMS_BF16 = 3, RMS_NDTYPES = 4 };
 
+/* Row sums are taken in chunks of this many elements (a power of two), and a row is split
+ * across threads only at chunk bounds. */
+#define RMS_CHUNK 1024
+
 /* Flags of the row functions. */
 enum {
     RMS_CAST_BEFORE = 1, /* y = round(x * rstd) * w rather than round(x * rstd * w) */
@@ -39,13 +43,15 @@ typedef struct {
                 int flags);
     /* Pieces of one row, for a row split across threads. sumsq: sum of x^2 over n elements,
      * or with r, h = round(x + r) stored plainly and the sum of h^2 (then scale(h) gives the
-     * add's y). */
-    double (*sumsq)(const void *x, const void *r, void *h, size_t n);
+     * add's y). Row sums (here, in dot and in fwd/bwd) add RMS_CHUNK-element chunk sums left to
+     * right; parts, when not NULL, receives each chunk's sum, so that a row split at chunk
+     * bounds gets the same bits as one thread's. */
+    double (*sumsq)(const void *x, const void *r, void *h, size_t n, double *parts);
     /* y = x * rstd * w over n elements (fwd's second pass). */
     void (*scale)(const void *x, void *y, const void *w, double rstd, size_t n, int flags);
     /* sum(dy * w * x * rstd) over n elements (w may be NULL; flags: RMS_W_STORAGE). */
     double (*dot)(const void *dy, const void *x, const void *w, double rstd, size_t n,
-                  int flags);
+                  int flags, double *parts);
     /* bwd's second pass over n elements, given the row's rstd and c. */
     void (*bwd_piece)(const void *dy, const void *x, const void *w, void *dx, double rstd,
                       double c, void *dg, size_t n, int flags);

@@ -133,8 +133,8 @@ RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const void *w, V vr, T *h, 
     return V_FMA(u, V_MUL(v, vr), acc);
 }
 
-RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, T *h, size_t n,
-                             const T *pa, const T *pb, const int kind) {
+RMS_INLINE double FN(reduce_chunk)(const T *a, const T *b, const void *w, C r, T *h, size_t n,
+                                   const T *pa, const T *pb, const int kind) {
     const V vr = V_SET(r);
     A l = A_ZERO, hi = A_ZERO;
     const V z = V_SET((C)0);
@@ -161,6 +161,26 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, T *h, s
         s = FN(term)(s, a, b, w, vr, h, i, n - i, kind);
     A_ACC(l, hi, s);
     return A_SUM(l, hi);
+}
+
+/* A row's sum as the sum, left to right, of its RMS_CHUNK-element chunks, each reduced from
+ * fresh accumulators: a row split across threads at chunk bounds (the driver) adds the same
+ * chunk sums in the same order, so its bits do not depend on the thread count. parts, when not
+ * NULL, receives each chunk's sum. */
+RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, T *h, size_t n,
+                             const T *pa, const T *pb, const int kind, double *parts) {
+    double total = 0.0;
+    for (size_t c0 = 0; c0 < n; c0 += RMS_CHUNK) {
+        size_t len = n - c0 < RMS_CHUNK ? n - c0 : RMS_CHUNK;
+        const void *wc = !w ? w : kind == 4 ? (const void *)((const T *)w + c0)
+                                            : (const void *)((const C *)w + c0);
+        double cs = FN(reduce_chunk)(a + c0, b ? b + c0 : b, wc, r, h ? h + c0 : h, len,
+                                     pa + c0, pb + c0, kind);
+        if (parts)
+            parts[c0 / RMS_CHUNK] = cs;
+        total += cs;
+    }
+    return total;
 }
 
 /* ---------------------------------------------------------------- the rescue */
@@ -348,7 +368,7 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
         T *hr = hasr ? h + (ptrdiff_t)i * hs : NULL, *yr = y + (ptrdiff_t)i * ys;
         size_t ahead = i + d < m ? d : 0;
         const T *px = xr + (ptrdiff_t)ahead * xs, *pr = hasr ? rr + (ptrdiff_t)ahead * rs : px;
-        double ss = FN(reduce)(xr, rr, NULL, (C)1, NULL, k, px, pr, hasr);
+        double ss = FN(reduce)(xr, rr, NULL, (C)1, NULL, k, px, pr, hasr, NULL);
         C rc = FN(rstd)(ss, xr, rr, k, eps);
         rstd[i] = rc;
         V vr = V_SET(rc);
@@ -385,11 +405,11 @@ static void FN(fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, vo
         V_FENCE();
 }
 
-static double FN(sumsq)(const void *x, const void *r, void *h, size_t n) {
+static double FN(sumsq)(const void *x, const void *r, void *h, size_t n, double *parts) {
     const T *a = (const T *)x;
     if (r)
-        return FN(reduce)(a, (const T *)r, NULL, (C)1, (T *)h, n, a, a, 1);
-    return FN(reduce)(a, NULL, NULL, (C)1, NULL, n, a, a, 0);
+        return FN(reduce)(a, (const T *)r, NULL, (C)1, (T *)h, n, a, a, 1, parts);
+    return FN(reduce)(a, NULL, NULL, (C)1, NULL, n, a, a, 0, parts);
 }
 
 static void FN(scale)(const void *x, void *y, const void *w, double rstd, size_t n, int flags) {
@@ -425,9 +445,9 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
         size_t ahead = i + d < m ? d : 0;
         const C rc = rstd[i];
         double s = hasw ? FN(reduce)(dyr, xr, w, rc, NULL, k, dyr + (ptrdiff_t)ahead * dys,
-                                     xr + (ptrdiff_t)ahead * xs, 2 + hasw)
+                                     xr + (ptrdiff_t)ahead * xs, 2 + hasw, NULL)
                         : FN(reduce)(dyr, xr, NULL, rc, NULL, k, dyr + (ptrdiff_t)ahead * dys,
-                                     xr + (ptrdiff_t)ahead * xs, 2);
+                                     xr + (ptrdiff_t)ahead * xs, 2, NULL);
         const V vr = V_SET(rc), vnc = V_SET(-(C)rms_bwd_c(s, k));
         const T *pdy = ahead ? dyr + (ptrdiff_t)ahead * dys : NULL, *px = xr + (ptrdiff_t)ahead * xs;
         if (hasdg && i == 0 && store)
@@ -459,13 +479,13 @@ static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, 
 }
 
 static double FN(dot)(const void *dy, const void *x, const void *w, double rstd, size_t n,
-                      int flags) {
+                      int flags, double *parts) {
     const T *a = (const T *)dy, *b = (const T *)x;
     if (w && RMS_HW(flags) == 2)
-        return FN(reduce)(a, b, w, (C)rstd, NULL, n, a, b, 4);
+        return FN(reduce)(a, b, w, (C)rstd, NULL, n, a, b, 4, parts);
     if (w)
-        return FN(reduce)(a, b, w, (C)rstd, NULL, n, a, b, 3);
-    return FN(reduce)(a, b, NULL, (C)rstd, NULL, n, a, b, 2);
+        return FN(reduce)(a, b, w, (C)rstd, NULL, n, a, b, 3, parts);
+    return FN(reduce)(a, b, NULL, (C)rstd, NULL, n, a, b, 2, parts);
 }
 
 static void FN(bwdp)(const void *dy, const void *x, const void *w, void *dx, double rstd,

@@ -188,18 +188,18 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
     /* the pieces of a row split across threads (row 0), against the reference */
     {
         reference(dt, 1, k, s, x, NULL, dy, wd, 0, ry, rh, rr, rdx, rdg);
-        double ss = kt->sumsq(x, NULL, NULL, k), ss_ref = (1.0 / (rr[0] * rr[0]) - 1e-6) * k;
+        double ss = kt->sumsq(x, NULL, NULL, k, NULL), ss_ref = (1.0 / (rr[0] * rr[0]) - 1e-6) * k;
         int ok = fabs(ss - ss_ref) <= 1e-5 * ss_ref;
         kt->scale(x, y, w, 1.0 / sqrt(ss / (double)k + 1e-6), k, 0);
         check("scale", isa->name, dt, k, y, ry, 1, k, ulps, noise);
-        double c = kt->dot(dy, x, w, rr[0], k, 0) / (double)k;
+        double c = kt->dot(dy, x, w, rr[0], k, 0, NULL) / (double)k;
         kt->bwd_piece(dy, x, w, dx, rr[0], c, dg, k, RMS_DG_STORE);
         scale_floor = 1.0;
         check("bwd_piece", isa->name, dt, k, dx, rdx, 1, k, ulps, noise);
         scale_floor = 0.0;
         check("bwd_piece dgamma", isa->name, ctype(dt), k, dg, rdg, 1, k, 0, noise);
         reference(dt, 1, k, s, x, r, dy, wd, 0, ry, rh, rr, rdx, rdg);
-        double sr = kt->sumsq(x, r, h2, k);
+        double sr = kt->sumsq(x, r, h2, k, NULL);
         ss_ref = (1.0 / (rr[0] * rr[0]) - 1e-6) * k;
         if (ok && fabs(sr - ss_ref) <= 1e-5 * ss_ref)
             passed++;
