@@ -106,19 +106,7 @@ static inline double hsum_pd(__m512d a) {
 #include "norm_impl.h"
 
 /* double compute: f64 */
-#undef W
-#undef V
-#undef V_SET
-#undef V_ADD
-#undef V_SUB
-#undef V_MUL
-#undef V_FMA
-#undef VC_LD
-#undef VC_LDP
-#undef VC_ST
-#undef VC_STP
-#undef A_ACC
-#undef A_SUM
+#include "compute_undef.h"
 #define W 8
 #define V __m512d
 #define V_SET _mm512_set1_pd

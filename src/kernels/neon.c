@@ -103,19 +103,7 @@ static inline float32x4_t bf16x4_widen(uint16x4_t u) {
 #include "norm_impl.h"
 
 /* double compute: f64 */
-#undef W
-#undef V
-#undef V_SET
-#undef V_ADD
-#undef V_SUB
-#undef V_MUL
-#undef V_FMA
-#undef VC_LD
-#undef VC_LDP
-#undef VC_ST
-#undef VC_STP
-#undef A_ACC
-#undef A_SUM
+#include "compute_undef.h"
 #define W 2
 #define V float64x2_t
 #define V_SET vdupq_n_f64
