@@ -4,7 +4,7 @@ Portable baseline flags only (never -march=native). The compiler is probed for O
 each ISA family; the SIMD kernel files switch their target on with a pragma, so a family the
 compiler cannot target is simply left out and the build falls back to what it can do.
 Set RMSNORM_WERROR=1 to turn warnings into errors (CI does). RMSNORM_ISAS (a comma list of avx2,
-avx512, neon) compiles only those families' files, of those the compiler can target:
+avx512, avx512bf16, neon) compiles only those families' files, of those the compiler can target:
 the sanitizer build (.ci/sanitize.sh) leaves out the families its CPU cannot run.
 RMSNORM_EXTRA_CFLAGS / RMSNORM_EXTRA_LDFLAGS add flags to every file / the link, and
 RMSNORM_KERNEL_CFLAGS to the kernel files (src/kernels) alone.
@@ -41,6 +41,11 @@ PROBES = {
         "int f(float *p){__m512 v=_mm512_loadu_ps(p);"
         "_mm256_storeu_si256((__m256i*)p,_mm512_cvtepi32_epi16(_mm512_castps_si512(v)));"
         "return (int)_mm512_reduce_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)));}\n"
+    ),
+    "avx512bf16": (
+        '#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")\n'
+        "#include <immintrin.h>\n"
+        "__m256bh f(__m512 v){return _mm512_cvtneps_pbh(v);}\n"
     ),
     "neon": "#include <arm_neon.h>\nint f(float *p){vst1q_f32(p, vld1q_f32(p)); return 0;}\n",
     "openmp": "#include <omp.h>\nint f(void){return omp_get_max_threads();}\n",
@@ -89,6 +94,9 @@ class BuildExt(build_ext):
         if wanted("avx512", x86):
             sources.append(f"{KERNELS}/avx512.c")
             macros.append(("RMSNORM_HAVE_AVX512", "1"))
+            # the bfloat16 kernels of CPUs with AVX512-BF16, in the same file
+            if wanted("avx512bf16", x86):
+                macros.append(("RMSNORM_HAVE_AVX512BF16", "1"))
         if os.path.exists(f"{KERNELS}/neon.c") and wanted("neon", arm64):
             sources.append(f"{KERNELS}/neon.c")
             macros.append(("RMSNORM_HAVE_NEON", "1"))

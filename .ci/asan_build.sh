@@ -25,7 +25,7 @@ if cpu="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)"; then
     isas="scalar"
     if has avx2 fma f16c; then isas+=",avx2"; fi
     if has avx512f avx512bw avx512vl avx512dq fma f16c; then isas+=",avx512"; fi
-    if has avx512_bf16; then isas+=",avx512bf16"; fi
+    if has avx512f avx512bw avx512vl avx512dq avx512_bf16; then isas+=",avx512bf16"; fi
     export RMSNORM_ISAS="$isas"
 fi
 RMSNORM_WERROR=1 \

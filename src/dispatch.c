@@ -5,7 +5,10 @@
 
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+/* Only the probes of the families this build holds (an unused static function is an error
+ * under -Werror, e.g. in the sanitizer build of an AVX2-only CPU). */
+#if (defined(__x86_64__) || defined(__i386__)) &&                                              \
+    (defined(RMSNORM_HAVE_AVX2) || defined(RMSNORM_HAVE_AVX512))
 #include <cpuid.h>
 
 static unsigned long long read_xcr0(void) {
@@ -29,6 +32,7 @@ static int x86_has_avx2(void) {
     return fma && avx && f16c && ((b >> 5) & 1);
 }
 
+#if defined(RMSNORM_HAVE_AVX512)
 static int x86_has_avx512(void) {
     unsigned a, b, c, d;
     if ((read_xcr0() & 0xe6) != 0xe6) /* XMM, YMM, opmask, ZMM0-15 and ZMM16-31 state */
@@ -39,6 +43,13 @@ static int x86_has_avx512(void) {
     return f && dq && bw && vl;
 }
 #endif
+#if defined(RMSNORM_HAVE_AVX512BF16)
+static int x86_has_avx512bf16(void) {
+    unsigned a, b, c, d;
+    return x86_has_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
+}
+#endif
+#endif
 
 static const rms_isa_table *available[RMS_MAX_ISAS];
 static int n_available;
@@ -46,6 +57,10 @@ static const rms_isa_table *current = &rms_isa_scalar;
 
 void rms_dispatch_init(void) {
     int n = 0;
+#if defined(RMSNORM_HAVE_AVX512BF16)
+    if (x86_has_avx512bf16())
+        available[n++] = &rms_isa_avx512bf16;
+#endif
 #if defined(RMSNORM_HAVE_AVX512)
     if (x86_has_avx512())
         available[n++] = &rms_isa_avx512;

@@ -4,7 +4,7 @@
 
 #include "kernels/kernels.h"
 
-#define RMS_MAX_ISAS 4
+#define RMS_MAX_ISAS 5
 
 /* Detects the CPU's features once; the current table starts as the best available one. */
 void rms_dispatch_init(void);

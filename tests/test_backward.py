@@ -50,6 +50,25 @@ def test_backward_gamma_dtypes_and_offset(dtype, gamma_dtype, offset, rng):
     run_and_check(x, gamma, dy, offset=offset)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, oracle.BF16], ids=dtype_id)
+def test_backward_xhat_below_float32_range(dtype, each_isa, rng):
+    """Rows of huge and tiny elements: rstd is about 1e-37, so x * rstd of the tiny elements
+    falls into float32's subnormals (few bits, or 0) while float64 keeps it. The oracle allows
+    float32's absolute rounding error there (oracle.UNDERFLOW32); its relative tolerance alone
+    would not (a fuzzer run found this in dgamma), and a wrong term of a normal size still fails."""
+    m, k = 6, 200
+    x = (rng.uniform(1e-10, 1e-8, (m, k)) * rng.choice([-1, 1], (m, k))).astype(dtype)
+    x[:, ::37] = (rng.uniform(1e36, 2.6e37, (m, len(range(0, k, 37))))).astype(dtype)
+    gamma = oracle.make_gamma(rng, (k,), np.float64)
+    # dy large, so that the lost terms dy * x * rstd (~1e-25) lie far above any absolute floor
+    dy = (oracle.make_x(rng, (m, k), np.float64, spread=False) * 1e20).astype(dtype)
+    dx, dgamma = run_and_check(x, gamma, dy)
+    tiny = np.ones(k, bool)
+    tiny[::37] = False
+    assert np.all(np.abs(dgamma[tiny]) < 1e-18)  # products of terms below float32's range
+    assert np.all(np.abs(dgamma[~tiny]) > 1e15)
+
+
 @pytest.mark.parametrize(
     "shape", [(5, 17), (3, 4, 33), (1025,), (0, 8), (40, 64), (40, 128)], ids=str
 )

@@ -27,6 +27,19 @@ static inline __m128i bf16x8_round(__m256 v) {
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
+/* v rounded to bfloat16 and widened back, without leaving the 32-bit lanes: the rounding above
+ * with the low half masked off instead of packed (a NaN: the canonical quiet NaN). */
+static inline __m256 bf16x8_rnd(__m256 v) {
+    __m256i b = _mm256_castps_si256(v);
+    __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1)),
+                                    _mm256_set1_epi32(0x7fff));
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(b, bias), _mm256_set1_epi32((int)0xffff0000u));
+    __m256i qnan = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32((int)0x80000000u)),
+                                   _mm256_set1_epi32(0x7fc00000));
+    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    return _mm256_castsi256_ps(r);
+}
+
 static inline __m256 bf16x8_widen(__m128i u) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(u), 16));
 }
@@ -114,7 +127,7 @@ static inline double hsum_pd(__m256d a) {
 #define V_ST(p, v) _mm_storeu_si128((__m128i *)(p), bf16x8_round(v))
 #define V_STP(p, v, n) store16_part((p), bf16x8_round(v), (n))
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), bf16x8_round(v))
-#define V_RND(v) bf16x8_widen(bf16x8_round(v))
+#define V_RND(v) bf16x8_rnd(v)
 #define S_LD(p) rms_bf16_to_f32(*(p))
 #define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))
 #include "norm_impl.h"

@@ -25,6 +25,19 @@ static inline __m256i bf16x16_round(__m512 v) {
     return _mm512_cvtepi32_epi16(r);
 }
 
+/* v rounded to bfloat16 and widened back, without leaving the 32-bit lanes: the rounding above
+ * with the low half masked off instead of narrowed (a NaN: the canonical quiet NaN). */
+static inline __m512 bf16x16_rnd(__m512 v) {
+    __m512i b = _mm512_castps_si512(v);
+    __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1)),
+                                    _mm512_set1_epi32(0x7fff));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(b, bias), _mm512_set1_epi32((int)0xffff0000u));
+    __m512i qnan = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32((int)0x80000000u)),
+                                   _mm512_set1_epi32(0x7fc00000));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
+    return _mm512_castsi512_ps(r);
+}
+
 static inline __m512 bf16x16_widen(__m256i u) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));
 }
@@ -100,10 +113,45 @@ static inline double hsum_pd(__m512d a) {
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round(v))
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round(v))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round(v))
-#define V_RND(v) bf16x16_widen(bf16x16_round(v))
+#define V_RND(v) bf16x16_rnd(v)
 #define S_LD(p) rms_bf16_to_f32(*(p))
 #define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))
 #include "norm_impl.h"
+
+#if defined(RMSNORM_HAVE_AVX512BF16)
+/* bfloat16 with AVX512-BF16: VCVTNEPS2BF16 rounds 16 floats in one instruction (nearest even),
+ * but flushes subnormal inputs to zero and keeps NaN payloads; a vector holding either takes the
+ * integer rounding above, so that the results keep the same bits as every other family's. The
+ * dispatcher lists this table first on CPUs that have the extension. */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512bf16"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")
+#endif
+static inline __m256i bf16x16_round_bf(__m512 v) {
+    if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0xa1) != 0, 0)) /* NaN or subnormal */
+        return bf16x16_round(v);
+    return (__m256i)_mm512_cvtneps_pbh(v);
+}
+#define T uint16_t
+#define C float
+#define SFX bf16_avx512bf16
+#define V_LD(p) bf16x16_widen(_mm256_loadu_si256((const __m256i *)(p)))
+#define V_LDP(p, n) bf16x16_widen(_mm256_maskz_loadu_epi16(M16(n), (p)))
+#define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round_bf(v))
+#define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round_bf(v))
+#define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round_bf(v))
+#define V_RND(v) bf16x16_rnd(v)
+#define S_LD(p) rms_bf16_to_f32(*(p))
+#define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))
+#include "norm_impl.h"
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
 
 /* double compute: f64 */
 #include "compute_undef.h"
@@ -137,6 +185,14 @@ static inline double hsum_pd(__m512d a) {
 const rms_isa_table rms_isa_avx512 = {
     "avx512",
     {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512), RMS_ENTRY(f16_avx512), RMS_ENTRY(bf16_avx512)}};
+
+#if defined(RMSNORM_HAVE_AVX512BF16)
+/* The same kernels but bfloat16's, which round with VCVTNEPS2BF16. */
+const rms_isa_table rms_isa_avx512bf16 = {
+    "avx512bf16",
+    {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512), RMS_ENTRY(f16_avx512),
+     RMS_ENTRY(bf16_avx512bf16)}};
+#endif
 
 #if defined(__clang__)
 #pragma clang attribute pop

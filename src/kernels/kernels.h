@@ -90,6 +90,9 @@ extern const rms_isa_table rms_isa_avx2;
 #if defined(RMSNORM_HAVE_AVX512)
 extern const rms_isa_table rms_isa_avx512;
 #endif
+#if defined(RMSNORM_HAVE_AVX512BF16)
+extern const rms_isa_table rms_isa_avx512bf16;
+#endif
 #if defined(RMSNORM_HAVE_NEON)
 extern const rms_isa_table rms_isa_neon;
 #endif

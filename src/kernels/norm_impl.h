@@ -236,8 +236,9 @@ RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const void *
     } while (0)
     size_t i = i0;
     const size_t lv = RMS_LV(T, W);
+    const int two = pf2 && pf2 != pf; /* the add's r rows ahead too */
     for (; i + lv * W <= i1; i += lv * W) {
-        FN(pf_line)(pf, pf2, i, hasr);
+        FN(pf_line)(pf, pf2, i, two);
         for (size_t j = 0; j < lv; j++)
             RMS_STEP(i + j * W, W);
     }
@@ -368,11 +369,24 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
         T *hr = hasr ? h + (ptrdiff_t)i * hs : NULL, *yr = y + (ptrdiff_t)i * ys;
         size_t ahead = i + d < m ? d : 0;
         const T *px = xr + (ptrdiff_t)ahead * xs, *pr = hasr ? rr + (ptrdiff_t)ahead * rs : px;
+        const T *pfx = ahead ? px : NULL;
+        if (hasr && !stream) {
+            /* The add with cached outputs: the first pass stores h = round(x + r) as it sums
+             * (h may be x or r, each element written after it was read), and the second pass
+             * scales h, so that neither the add nor its rounding is done twice. Streamed
+             * outputs keep the recomputation: a plain store of h would fetch its lines first. */
+            double ss = FN(reduce)(xr, rr, NULL, (C)1, hr, k, px, pr, 1, NULL);
+            C rc = FN(rstd)(ss, hr, NULL, k, eps);
+            rstd[i] = rc;
+            V vr = V_SET(rc);
+            RMS_PASS(FN(scale_range), yr, yr, k, 0, hr, NULL, NULL, yr, w, vr, pfx, pr, 0, hasw,
+                     before);
+            continue;
+        }
         double ss = FN(reduce)(xr, rr, NULL, (C)1, NULL, k, px, pr, hasr, NULL);
         C rc = FN(rstd)(ss, xr, rr, k, eps);
         rstd[i] = rc;
         V vr = V_SET(rc);
-        const T *pfx = ahead ? px : NULL;
         RMS_PASS(FN(scale_range), yr, hasr ? hr : yr, k, stream, xr, rr, hr, yr, w, vr, pfx, pr,
                  hasr, hasw, before);
     }

@@ -219,6 +219,9 @@ int main(void) {
     static const size_t tails[] = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31,
                                    33, 64, 100, 128, 1025, 4097, 32771};
     static const char *built[] = {
+#if defined(RMSNORM_HAVE_AVX512BF16)
+        "avx512bf16",
+#endif
 #if defined(RMSNORM_HAVE_AVX512)
         "avx512",
 #endif

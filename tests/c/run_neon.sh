@@ -28,7 +28,7 @@ compile() {
 
 case "$(uname -m)" in
 x86_64)
-    defs="-DRMSNORM_HAVE_AVX2 -DRMSNORM_HAVE_AVX512"
+    defs="-DRMSNORM_HAVE_AVX2 -DRMSNORM_HAVE_AVX512 -DRMSNORM_HAVE_AVX512BF16"
     simd="src/kernels/avx2.c src/kernels/avx512.c"
     ;;
 aarch64) defs="-DRMSNORM_HAVE_NEON" simd="src/kernels/neon.c" ;;
