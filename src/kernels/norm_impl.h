@@ -223,10 +223,10 @@ RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const void *
 #define RMS_STEP(i, t)                                                                     \
     do {                                                                                   \
         V v = LDX(x + (i), t);                                                             \
-        if (hasr) {                                                                        \
+        if (hasr == 1)                                                                     \
             v = V_RND(V_ADD(v, LDX(r + (i), t)));                                          \
+        if (hasr) /* 2: x is the add's h, staged in a buffer */                            \
             STX(h + (i), v, t, nt);                                                        \
-        }                                                                                  \
         v = V_MUL(v, vr);                                                                  \
         if (before)                                                                        \
             v = V_RND(v);                                                                  \
@@ -356,39 +356,82 @@ RMS_INLINE int FN(next_range)(rms_plan *p, size_t *a, size_t *b, int *nt) {
         }                                                                                  \
     } while (0)
 
+/* Rows of fewer than RMS_BLOCK_BYTES go in blocks (at most RMS_BLOCK rows of at most that many
+ * bytes together): the first passes of a block's rows, then their second passes, so that the
+ * core overlaps one row's reduction, square root and division with the next rows' (a short row
+ * is mostly that latency). */
+#ifndef RMS_BLOCK_BYTES
+#define RMS_BLOCK_BYTES 4096
+#endif
+#define RMS_BLOCK 16
+#ifndef RMS_STAGE
+#define RMS_STAGE 16384 /* elements of the add's staged h with streamed outputs */
+#endif
+#define RMS_BLOCK_ROWS(rb)                                                                 \
+    ((rb) >= RMS_BLOCK_BYTES || !(rb) ? (size_t)1                                          \
+     : RMS_BLOCK_BYTES / (rb) > RMS_BLOCK ? (size_t)RMS_BLOCK                              \
+                                          : RMS_BLOCK_BYTES / (rb))
+/* Rows of fewer than RMS_PF_MIN bytes are not prefetched: one after another they are one
+ * stream, which the hardware prefetcher follows. */
+#ifndef RMS_PF_MIN
+#define RMS_PF_MIN 2048
+#endif
+
+/* How many rows ahead of this one to prefetch (0: none) for rows of rb bytes: the row that starts
+ * RMS_AHEAD bytes on, for rows of RMS_PF_MIN to RMS_AHEAD_MAX bytes. */
+RMS_INLINE size_t FN(ahead)(size_t rb) {
+    return rb > RMS_AHEAD_MAX || rb < RMS_PF_MIN ? 0 : (RMS_AHEAD + rb - 1) / rb;
+}
+
 /* ---------------------------------------------------------------- forward and add */
 
 RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                              size_t k, double eps, int stream, const int hasr, const int hasw,
                              const int before) {
-    const size_t rb = k * sizeof(T);
-    const size_t d = rb > RMS_AHEAD_MAX ? 0 : (RMS_AHEAD + rb - 1) / rb;
-    for (size_t i = 0; i < m; i++) {
-        const T *xr = x + (ptrdiff_t)i * xs, *rr = hasr ? r + (ptrdiff_t)i * rs : NULL;
-        T *hr = hasr ? h + (ptrdiff_t)i * hs : NULL, *yr = y + (ptrdiff_t)i * ys;
-        size_t ahead = i + d < m ? d : 0;
-        const T *px = xr + (ptrdiff_t)ahead * xs, *pr = hasr ? rr + (ptrdiff_t)ahead * rs : px;
-        const T *pfx = ahead ? px : NULL;
-        if (hasr && !stream) {
-            /* The add with cached outputs: the first pass stores h = round(x + r) as it sums
-             * (h may be x or r, each element written after it was read), and the second pass
-             * scales h, so that neither the add nor its rounding is done twice. Streamed
-             * outputs keep the recomputation: a plain store of h would fetch its lines first. */
-            double ss = FN(reduce)(xr, rr, NULL, (C)1, hr, k, px, pr, 1, NULL);
-            C rc = FN(rstd)(ss, hr, NULL, k, eps);
-            rstd[i] = rc;
-            V vr = V_SET(rc);
-            RMS_PASS(FN(scale_range), yr, yr, k, 0, hr, NULL, NULL, yr, w, vr, pfx, pr, 0, hasw,
-                     before);
-            continue;
+    const size_t rb = k * sizeof(T), d = FN(ahead)(rb), nb = RMS_BLOCK_ROWS(rb);
+    /* The add with cached outputs: the first pass stores h = round(x + r) as it sums (h may be
+     * x or r, each element written after it was read), and the second pass scales h, so that
+     * neither the add nor its rounding is done twice. Streamed outputs keep the recomputation:
+     * a plain store of h would fetch its lines first. */
+    const int narrow = sizeof(T) < sizeof(C); /* 16-bit: h costs a rounding */
+    const int staged = hasr && (!stream || (narrow && rb <= sizeof(T) * RMS_STAGE));
+    /* With streamed outputs, 16-bit rows of up to RMS_STAGE elements stage h in this buffer
+     * instead (the first pass stores it, the second streams it to h and scales it); a block's
+     * rows (RMS_BLOCK_BYTES in all) one after another. Wider types recompute h: without a
+     * rounding to spare, the buffer's traffic costs more than the add. */
+    T buf[hasr && stream && narrow ? RMS_STAGE : 1];
+    double ss[RMS_BLOCK];
+    for (size_t i0 = 0; i0 < m; i0 += nb) {
+        const size_t cnt = m - i0 < nb ? m - i0 : nb;
+        for (size_t j = 0; j < cnt; j++) { /* the block's first passes */
+            const size_t i = i0 + j, ahead = i + d < m ? d : 0;
+            const T *xr = x + (ptrdiff_t)i * xs, *rr = hasr ? r + (ptrdiff_t)i * rs : NULL;
+            const T *px = xr + (ptrdiff_t)ahead * xs, *pr = hasr ? rr + (ptrdiff_t)ahead * rs : px;
+            T *hr = !staged ? NULL : stream ? buf + j * k : h + (ptrdiff_t)i * hs;
+            ss[j] = FN(reduce)(xr, rr, NULL, (C)1, hr, k, px, pr, hasr, NULL);
         }
-        double ss = FN(reduce)(xr, rr, NULL, (C)1, NULL, k, px, pr, hasr, NULL);
-        C rc = FN(rstd)(ss, xr, rr, k, eps);
-        rstd[i] = rc;
-        V vr = V_SET(rc);
-        RMS_PASS(FN(scale_range), yr, hasr ? hr : yr, k, stream, xr, rr, hr, yr, w, vr, pfx, pr,
-                 hasr, hasw, before);
+        for (size_t j = 0; j < cnt; j++) { /* and their second passes */
+            const size_t i = i0 + j, ahead = i + d < m ? d : 0;
+            const T *xr = x + (ptrdiff_t)i * xs, *rr = hasr ? r + (ptrdiff_t)i * rs : NULL;
+            T *hr = hasr ? h + (ptrdiff_t)i * hs : NULL, *yr = y + (ptrdiff_t)i * ys;
+            const T *pfx = ahead ? xr + (ptrdiff_t)ahead * xs : NULL;
+            const T *pr = hasr ? rr + (ptrdiff_t)ahead * rs : pfx;
+            const T *sr = stream ? buf + j * k : hr; /* the staged h */
+            const C rc = staged ? FN(rstd)(ss[j], sr, NULL, k, eps)
+                                : FN(rstd)(ss[j], xr, rr, k, eps);
+            const V vr = V_SET(rc);
+            rstd[i] = rc;
+            if (staged && stream)
+                RMS_PASS(FN(scale_range), yr, hr, k, 1, sr, NULL, hr, yr, w, vr, pfx, pr, 2,
+                         hasw, before);
+            else if (staged)
+                RMS_PASS(FN(scale_range), yr, yr, k, 0, hr, NULL, NULL, yr, w, vr, pfx, pr, 0,
+                         hasw, before);
+            else
+                RMS_PASS(FN(scale_range), yr, hasr ? hr : yr, k, stream, xr, rr, hr, yr, w, vr,
+                         pfx, pr, hasr, hasw, before);
+        }
     }
 }
 
@@ -451,25 +494,31 @@ static void FN(scale)(const void *x, void *y, const void *w, double rstd, size_t
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m,
                              size_t k, int stream, int store, const int hasw, const int hasdg) {
-    const size_t rb = k * sizeof(T);
-    const size_t d = rb > RMS_AHEAD_MAX ? 0 : (RMS_AHEAD + rb - 1) / rb;
-    for (size_t i = 0; i < m; i++) {
-        const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
-        T *dxr = dx + (ptrdiff_t)i * dxs;
-        size_t ahead = i + d < m ? d : 0;
-        const C rc = rstd[i];
-        double s = hasw ? FN(reduce)(dyr, xr, w, rc, NULL, k, dyr + (ptrdiff_t)ahead * dys,
-                                     xr + (ptrdiff_t)ahead * xs, 2 + hasw, NULL)
-                        : FN(reduce)(dyr, xr, NULL, rc, NULL, k, dyr + (ptrdiff_t)ahead * dys,
-                                     xr + (ptrdiff_t)ahead * xs, 2, NULL);
-        const V vr = V_SET(rc), vnc = V_SET(-(C)rms_bwd_c(s, k));
-        const T *pdy = ahead ? dyr + (ptrdiff_t)ahead * dys : NULL, *px = xr + (ptrdiff_t)ahead * xs;
-        if (hasdg && i == 0 && store)
-            RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc, pdy, px,
-                     hasw, 2);
-        else
-            RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc, pdy, px,
-                     hasw, hasdg);
+    const size_t rb = k * sizeof(T), d = FN(ahead)(rb), nb = RMS_BLOCK_ROWS(rb);
+    double s[RMS_BLOCK];
+    for (size_t i0 = 0; i0 < m; i0 += nb) {
+        const size_t cnt = m - i0 < nb ? m - i0 : nb;
+        for (size_t j = 0; j < cnt; j++) { /* the block's dot products */
+            const size_t i = i0 + j, ahead = i + d < m ? d : 0;
+            const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
+            const T *pdy = dyr + (ptrdiff_t)ahead * dys, *px = xr + (ptrdiff_t)ahead * xs;
+            s[j] = hasw ? FN(reduce)(dyr, xr, w, rstd[i], NULL, k, pdy, px, 2 + hasw, NULL)
+                        : FN(reduce)(dyr, xr, NULL, rstd[i], NULL, k, pdy, px, 2, NULL);
+        }
+        for (size_t j = 0; j < cnt; j++) { /* and their second passes */
+            const size_t i = i0 + j, ahead = i + d < m ? d : 0;
+            const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
+            T *dxr = dx + (ptrdiff_t)i * dxs;
+            const V vr = V_SET(rstd[i]), vnc = V_SET(-(C)rms_bwd_c(s[j], k));
+            const T *pdy = ahead ? dyr + (ptrdiff_t)ahead * dys : NULL;
+            const T *px = xr + (ptrdiff_t)ahead * xs;
+            if (hasdg && i == 0 && store)
+                RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc, pdy,
+                         px, hasw, 2);
+            else
+                RMS_PASS(FN(bwd_range), dxr, dxr, k, stream, dyr, xr, w, dxr, dg, vr, vnc, pdy,
+                         px, hasw, hasdg);
+        }
     }
 }
 
@@ -492,7 +541,9 @@ static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, 
         V_FENCE();
 }
 
-static double FN(dot)(const void *dy, const void *x, const void *w, double rstd, size_t n,
+/* unused: a table may take dot and widen from another instantiation of the same dtype (they
+ * store nothing, so a family that differs only in its stores shares them) */
+__attribute__((unused)) static double FN(dot)(const void *dy, const void *x, const void *w, double rstd, size_t n,
                       int flags, double *parts) {
     const T *a = (const T *)dy, *b = (const T *)x;
     if (w && RMS_HW(flags) == 2)
@@ -527,7 +578,7 @@ static void FN(bwdp)(const void *dy, const void *x, const void *w, void *dx, dou
 
 /* ---------------------------------------------------------------- weights */
 
-static void FN(widen)(const void *src, void *dst, double offset, size_t n) {
+__attribute__((unused)) static void FN(widen)(const void *src, void *dst, double offset, size_t n) {
     const T *s = (const T *)src;
     C *d = (C *)dst;
     const V off = V_SET((C)offset);
