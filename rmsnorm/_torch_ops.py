@@ -132,6 +132,21 @@ def to_numpy(tensor):
 _asarray = np.asarray
 
 
+def weight_view(owner, weight):
+    """to_numpy(weight), kept on owner (a module) while weight stays where it was with the same
+    layout: a module's weight rarely moves, and its view costs as much as the kernels on a small
+    call. Any change of tensor, address, shape, strides or dtype makes a new view."""
+    if weight is None:
+        return None
+    key = (weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
+    cached = owner.__dict__.get("_rms_weight_view")
+    if cached is not None and cached[0] is weight and cached[1] == key:
+        return cached[2]
+    view = to_numpy(weight)
+    owner.__dict__["_rms_weight_view"] = (weight, key, view)
+    return view
+
+
 def from_numpy(array):
     """Tensor over the memory of an array the kernels returned (None passes through)."""
     if array is None:
@@ -364,8 +379,10 @@ class EagerRMSNorm(torch.autograd.Function):
     kernels' own time on a small call). ``forward(x, weight, eps, offset, cast) -> y``."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, offset, cast):
-        xa, wa = to_numpy(x), to_numpy(weight)
+    def forward(ctx, x, weight, eps, offset, cast, wa=None):
+        xa = to_numpy(x)
+        if wa is None:
+            wa = to_numpy(weight)
         y, rstd = _core.rms_norm(xa, wa, eps, offset=offset, cast=cast)
         ctx.offset = offset
         ctx.rstd = rstd  # the kernels' own array: no one else sees or modifies it
@@ -377,7 +394,7 @@ class EagerRMSNorm(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         dx, dweight = _backward(ctx, dy, x, weight, ctx.rstd)
-        return dx, dweight, None, None, None
+        return dx, dweight, None, None, None, None
 
 
 class EagerAddRMSNorm(torch.autograd.Function):

@@ -27,7 +27,15 @@ except ImportError as exc:  # pragma: no cover - exercised by simulating a missi
     ) from exc
 
 from . import _core, _torch_ops
-from ._torch_ops import OPS, check_tensor, eager_add_rms_norm, eager_rms_norm, from_numpy, to_numpy
+from ._torch_ops import (
+    OPS,
+    check_tensor,
+    eager_add_rms_norm,
+    eager_rms_norm,
+    from_numpy,
+    to_numpy,
+    weight_view,
+)
 
 __all__ = ["RMSNorm", "add_rms_norm", "patch", "rms_norm"]
 
@@ -72,14 +80,14 @@ def _check_devices(**tensors):
         raise ValueError(f"rmsnorm.torch needs all tensors on one device; got {where}")
 
 
-def _norm(x, weight, eps, offset, cast):
-    """y over weight's axes (the last one without weight), through the fastest valid route."""
+def _norm(x, weight, eps, offset, cast, owner=None):
+    """y over weight's axes (the last one without weight), through the fastest valid route;
+    owner: the module whose weight this is (its NumPy view is kept there)."""
     if _plain(x, weight):
+        wa = to_numpy(weight) if owner is None else weight_view(owner, weight)
         if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
-            return eager_rms_norm(x, weight, eps, offset, cast)
-        return from_numpy(
-            _core.rms_norm(to_numpy(x), to_numpy(weight), eps, offset=offset, cast=cast)[0]
-        )
+            return eager_rms_norm(x, weight, eps, offset, cast, wa)
+        return from_numpy(_core.rms_norm(to_numpy(x), wa, eps, offset=offset, cast=cast)[0])
     _check_devices(x=x, weight=weight)
     return OPS.rms_norm.default(x, weight, eps, offset, cast)[0]
 
@@ -220,7 +228,7 @@ class RMSNorm(torch.nn.Module):
         if weight is not None and weight.shape == self.normalized_shape:
             # weight's shape names the normalized axes; the kernels check x against it.
             eps = eps if type(eps) is float else _eps(eps, x.dtype)
-            return _norm(x, weight, eps, self.offset, self.cast)
+            return _norm(x, weight, eps, self.offset, self.cast, self)
         return rms_norm(
             x, self.normalized_shape, weight, self.eps, offset=self.offset, cast=self.cast
         )

@@ -309,6 +309,32 @@ def test_module_state_dict_matches_torch(affine):
     assert_close(ours(x), theirs(x), torch.float32)
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_module_follows_every_change_of_its_weight(grad):
+    """The module keeps its weight's NumPy view between calls: every way of changing the weight
+    (in place, new storage through .data, a new Parameter of another dtype, a strided view)
+    must show in the next result, checked against the float64 oracle."""
+    m = rt.RMSNorm(64)
+    x = make_x((3, 64), torch.float32).detach().requires_grad_(grad)
+
+    def check():
+        y = m(x)
+        w = m.weight.detach()
+        y64 = oracle.forward(x.detach().numpy(), w.double().numpy(), 1e-6)[0]
+        oracle.assert_y_close(y.detach().numpy(), y64, 1)
+
+    check()
+    with torch.no_grad():
+        m.weight.mul_(2.5)  # same storage, new values
+    check()
+    m.weight.data = torch.linspace(0.5, 1.5, 64)  # new storage
+    check()
+    m.weight = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 64, dtype=torch.float64))
+    check()
+    m.weight = torch.nn.Parameter(torch.linspace(1.0, 2.0, 128)[::2])  # strided
+    check()
+
+
 def test_module_init_reset_and_repr():
     layer = rt.RMSNorm([3, 4], dtype=torch.float64)
     assert layer.weight.shape == (3, 4)
