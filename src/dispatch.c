@@ -85,6 +85,13 @@ int rms_isa_list(const rms_isa_table *out[RMS_MAX_ISAS]) {
 
 const rms_isa_table *rms_isa_find(const char *name) {
     for (int i = 0; i < n_available; i++)
+        if (strcmp(rms_isa_family(available[i]), name) == 0)
+            return available[i];
+    return NULL;
+}
+
+const rms_isa_table *rms_isa_find_variant(const char *name) {
+    for (int i = 0; i < n_available; i++)
         if (strcmp(available[i]->name, name) == 0)
             return available[i];
     return NULL;

@@ -817,47 +817,78 @@ static PyObject *py_set_stream_bytes(PyObject *self, PyObject *arg) {
 static PyObject *py_isa(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-    return PyUnicode_FromString(rms_isa_current()->name);
+    return PyUnicode_FromString(rms_isa_family(rms_isa_current()));
 }
 
-static PyObject *py_available_isas(PyObject *self, PyObject *unused) {
+/* The available tables' names, best first: the families' (each once), or with variants every
+ * table's own name. */
+static PyObject *isa_names(int variants) {
     const rms_isa_table *t[RMS_MAX_ISAS];
     int n = rms_isa_list(t);
-    (void)self;
-    (void)unused;
-    PyObject *l = PyList_New(n);
+    PyObject *l = PyList_New(0);
     for (int i = 0; l && i < n; i++) {
-        PyObject *s = PyUnicode_FromString(t[i]->name);
-        if (!s) {
+        const char *name = variants ? t[i]->name : rms_isa_family(t[i]);
+        int seen = 0;
+        for (int j = 0; j < i && !variants; j++)
+            seen |= strcmp(rms_isa_family(t[j]), name) == 0;
+        PyObject *s = seen ? NULL : PyUnicode_FromString(name);
+        if (!seen && (!s || PyList_Append(l, s) < 0))
             Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, i, s);
+        Py_XDECREF(s);
     }
     return l;
 }
 
-static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
+static PyObject *py_available_isas(PyObject *self, PyObject *unused) {
     (void)self;
+    (void)unused;
+    return isa_names(0);
+}
+
+static PyObject *py_variants(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return isa_names(1);
+}
+
+static PyObject *py_variant(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(rms_isa_current()->name);
+}
+
+/* set_isa (a family's best table) and _set_variant (a table by its own name). */
+static PyObject *select_isa(PyObject *arg, int variant) {
+    const char *what = variant ? "_set_variant" : "set_isa";
     if (!PyUnicode_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "set_isa(): name must be a str, not %s",
+        PyErr_Format(PyExc_TypeError, "%s(): name must be a str, not %s", what,
                      Py_TYPE(arg)->tp_name);
         return NULL;
     }
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name)
         return NULL;
-    const rms_isa_table *t = rms_isa_find(name);
+    const rms_isa_table *t = variant ? rms_isa_find_variant(name) : rms_isa_find(name);
     if (!t) {
-        PyObject *avail = py_available_isas(NULL, NULL);
+        PyObject *avail = isa_names(variant);
         if (avail)
-            PyErr_Format(PyExc_ValueError, "set_isa(): %R is not available here; choose from %R",
-                         arg, avail);
+            PyErr_Format(PyExc_ValueError, "%s(): %R is not available here; choose from %R",
+                         what, arg, avail);
         Py_XDECREF(avail);
         return NULL;
     }
     rms_isa_select(t);
     Py_RETURN_NONE;
+}
+
+static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
+    (void)self;
+    return select_isa(arg, 0);
+}
+
+static PyObject *py_set_variant(PyObject *self, PyObject *arg) {
+    (void)self;
+    return select_isa(arg, 1);
 }
 
 static PyObject *py_have_openmp(PyObject *self, PyObject *unused) {
@@ -1000,6 +1031,11 @@ static PyMethodDef methods[] = {
     {"available_isas", py_available_isas, METH_NOARGS,
      "available_isas() -> list[str]: kernel families this CPU and build can run, best first."},
     {"set_isa", py_set_isa, METH_O, "set_isa(name): switch the kernel family (ValueError if unavailable)."},
+    {"_variants", py_variants, METH_NOARGS,
+     "_variants() -> list[str]: every kernel table available here by its own name, a family's "
+     "variants included (for tests: avx512bf16 is the avx512 family's with AVX512-BF16)."},
+    {"_variant", py_variant, METH_NOARGS, "_variant() -> str: the own name of the table in use."},
+    {"_set_variant", py_set_variant, METH_O, "_set_variant(name): select a table by its own name."},
     {"have_openmp", py_have_openmp, METH_NOARGS, "have_openmp() -> bool: built with OpenMP."},
     {"stream_bytes", py_stream_bytes, METH_NOARGS,
      "stream_bytes() -> (threshold, l3): outputs of threshold bytes or more bypass the cache;\n"

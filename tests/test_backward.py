@@ -69,6 +69,23 @@ def test_backward_xhat_below_float32_range(dtype, each_isa, rng):
     assert np.all(np.abs(dgamma[~tiny]) > 1e15)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, oracle.BF16], ids=dtype_id)
+def test_backward_float32_overflow_stays_in_its_row(dtype, each_isa, rng):
+    """dy near float32's largest value times a weight above 1: g = dy * w overflows in float32
+    (the arithmetic the SPEC names), so that row's dx is Inf or NaN where float64 holds about
+    1e36; the oracle accepts any value there (oracle.OVERFLOW32) and checks every other row,
+    which must be finite and right (a fuzzer run found such a row)."""
+    m, k = 5, 96
+    x = oracle.make_x(rng, (m, k), dtype)
+    dy = oracle.make_x(rng, (m, k), dtype, spread=False)
+    dy[2, ::3] = np.asarray(3.0e38, dtype) * np.where(np.arange(0, k, 3) % 2, 1, -1)
+    gamma = np.full(k, 1.5, np.float32)
+    dx, _ = run_and_check(x, gamma, dy)
+    dxf = np.asarray(dx, np.float64)
+    assert not np.all(np.isfinite(dxf[2]))  # float32's overflow, kept in its row
+    assert np.all(np.isfinite(np.delete(dxf, 2, axis=0)))
+
+
 @pytest.mark.parametrize(
     "shape", [(5, 17), (3, 4, 33), (1025,), (0, 8), (40, 64), (40, 128)], ids=str
 )

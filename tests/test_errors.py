@@ -353,8 +353,7 @@ def test_set_isa_errors():
     prev = rmsnorm.isa()
     with pytest.raises(ValueError, match="bogus"):
         rmsnorm.set_isa("bogus")
-    families = ("avx512bf16", "avx512", "avx2", "neon")
-    unavailable = [i for i in families if i not in rmsnorm.available_isas()]
+    unavailable = [i for i in ("avx512", "avx2", "neon") if i not in rmsnorm.available_isas()]
     for name in unavailable:
         with pytest.raises(ValueError):
             rmsnorm.set_isa(name)
@@ -364,8 +363,26 @@ def test_set_isa_errors():
 def test_isa_listing():
     isas = rmsnorm.available_isas()
     assert isas[-1] == "scalar"
-    assert set(isas) <= {"avx512bf16", "avx512", "avx2", "neon", "scalar"}
+    assert set(isas) <= {"avx512", "avx2", "neon", "scalar"}
     assert rmsnorm.isa() in isas
+    # the tables behind them, by their own names (tests select each): every family's best
+    # table first, its variants after it; a variant is not a public name
+    from rmsnorm import _core
+
+    variants = _core._variants()
+    assert variants[-1] == "scalar" and set(isas) <= set(variants)
+    with pytest.raises(ValueError, match="avx512"):
+        rmsnorm.set_isa("avx512bf16")
+    families = ["avx512" if v == "avx512bf16" else v for v in variants]
+    prev = _core._variant()
+    try:
+        for name, family in zip(variants, families):
+            _core._set_variant(name)
+            assert _core._variant() == name and rmsnorm.isa() == family
+            rmsnorm.set_isa(family)  # the family's best table: its first
+            assert _core._variant() == variants[families.index(family)]
+    finally:
+        _core._set_variant(prev)
 
 
 @pytest.mark.parametrize(

@@ -371,7 +371,7 @@ def test_concurrent_calls_with_changing_settings(rng):
         assert dx.shape == x.shape and np.all(np.isfinite(oracle.as_f64(dx)))
 
     def switch(r):
-        rmsnorm.set_isa(str(r.choice(ISAS)))
+        rmsnorm._core._set_variant(str(r.choice(ISAS)))
         rmsnorm.set_num_threads(int(r.integers(1, 5)))
         time.sleep(0.0005)
 

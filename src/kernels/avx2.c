@@ -162,7 +162,8 @@ static inline double hsum_pd(__m256d a) {
 #include "norm_impl.h"
 
 const rms_isa_table rms_isa_avx2 = {
-    "avx2", {RMS_ENTRY(f32_avx2), RMS_ENTRY(f64_avx2), RMS_ENTRY(f16_avx2), RMS_ENTRY(bf16_avx2)}};
+    "avx2", {RMS_ENTRY(f32_avx2), RMS_ENTRY(f64_avx2), RMS_ENTRY(f16_avx2), RMS_ENTRY(bf16_avx2)},
+    NULL};
 
 #if defined(__clang__)
 #pragma clang attribute pop

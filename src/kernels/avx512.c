@@ -184,11 +184,12 @@ static inline __m256i bf16x16_round_bf(__m512 v) {
 
 const rms_isa_table rms_isa_avx512 = {
     "avx512",
-    {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512), RMS_ENTRY(f16_avx512), RMS_ENTRY(bf16_avx512)}};
+    {RMS_ENTRY(f32_avx512), RMS_ENTRY(f64_avx512), RMS_ENTRY(f16_avx512), RMS_ENTRY(bf16_avx512)},
+    NULL};
 
 #if defined(RMSNORM_HAVE_AVX512BF16)
-/* The same kernels but bfloat16's that store (rounding with VCVTNEPS2BF16); dot and widen store
- * nothing and are avx512's. */
+/* A variant of the avx512 family (its public name): the same kernels but bfloat16's that store
+ * (rounding with VCVTNEPS2BF16); dot and widen store nothing and are avx512's. */
 const rms_isa_table rms_isa_avx512bf16 = {
     "avx512bf16",
     {RMS_ENTRY(f32_avx512),
@@ -197,7 +198,8 @@ const rms_isa_table rms_isa_avx512bf16 = {
      {rmsnorm_fwd_bf16_avx512bf16, rmsnorm_bwd_bf16_avx512bf16, rmsnorm_sumsq_bf16_avx512bf16,
       rmsnorm_scale_bf16_avx512bf16, rmsnorm_dot_bf16_avx512, rmsnorm_bwdp_bf16_avx512bf16,
       rmsnorm_rescue_bf16_avx512bf16, rmsnorm_widen_bf16_avx512,
-      rmsnorm_narrow_bf16_avx512bf16}}};
+      rmsnorm_narrow_bf16_avx512bf16}},
+    "avx512"};
 #endif
 
 #if defined(__clang__)

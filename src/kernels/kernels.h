@@ -65,8 +65,9 @@ typedef struct {
 } rms_kernels;
 
 typedef struct {
-    const char *name;
+    const char *name;            /* this table's own name (tests select it by this) */
     rms_kernels k[RMS_NDTYPES];
+    const char *family;          /* the public family it is a variant of; NULL: name */
 } rms_isa_table;
 
 /* A row's sum of squares is usable as it is when finite and not so small that squares of its

@@ -132,4 +132,5 @@ static inline float32x4_t bf16x4_widen(uint16x4_t u) {
 #include "norm_impl.h"
 
 const rms_isa_table rms_isa_neon = {
-    "neon", {RMS_ENTRY(f32_neon), RMS_ENTRY(f64_neon), RMS_ENTRY(f16_neon), RMS_ENTRY(bf16_neon)}};
+    "neon", {RMS_ENTRY(f32_neon), RMS_ENTRY(f64_neon), RMS_ENTRY(f16_neon), RMS_ENTRY(bf16_neon)},
+    NULL};

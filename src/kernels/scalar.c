@@ -79,4 +79,5 @@
 
 const rms_isa_table rms_isa_scalar = {
     "scalar",
-    {RMS_ENTRY(f32_scalar), RMS_ENTRY(f64_scalar), RMS_ENTRY(f16_scalar), RMS_ENTRY(bf16_scalar)}};
+    {RMS_ENTRY(f32_scalar), RMS_ENTRY(f64_scalar), RMS_ENTRY(f16_scalar), RMS_ENTRY(bf16_scalar)},
+    NULL};

@@ -234,7 +234,7 @@ int main(void) {
         "scalar"};
     rms_dispatch_init();
     for (size_t b = 0; b < sizeof built / sizeof built[0]; b++) {
-        const rms_isa_table *isa = rms_isa_find(built[b]);
+        const rms_isa_table *isa = rms_isa_find_variant(built[b]);
         if (!isa) {
             printf("skipping %s: this CPU cannot run it\n", built[b]);
             continue;

@@ -38,7 +38,7 @@ DTYPES = (
     np.dtype(ml_dtypes.bfloat16),
 )
 BAD_DTYPES = (np.dtype(np.int32), np.dtype(np.complex64), np.dtype(np.uint8))
-ISAS = tuple(rmsnorm.available_isas())
+ISAS = tuple(_core._variants())  # a family's variants included
 DEFAULT_MIN = _core._set_min_per_thread(0)
 DEFAULT_STREAM = _core._set_stream_bytes(0)
 # the defects, one at a time (None: a valid call), and the exception each must raise
@@ -182,7 +182,7 @@ def one(data):
     isa, threads = g.pick(ISAS), g.int(1, 3)
     _core._set_min_per_thread(0 if g.bool() else DEFAULT_MIN)
     _core._set_stream_bytes(0 if g.bool() else DEFAULT_STREAM)
-    rmsnorm.set_isa(isa)
+    _core._set_variant(isa)
     rmsnorm.set_num_threads(threads)
 
     # the values (the backward's terms, products of several inputs, overflow float32 from far
