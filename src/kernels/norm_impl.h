@@ -196,11 +196,17 @@ static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
     }
     if (amax == 0.0) /* all zeros */
         return 1.0 / sqrt(eps);
-    double s = 0.0; /* every value finite: the squares overflowed or underflowed, so rescale */
+    /* every value finite: the squares overflowed or underflowed, so rescale. A compensated
+     * sum (Neumaier's): float64 rows take this path too, and a plain running sum of thousands
+     * of terms is a few ulps short of what rstd promises in float64. */
+    double s = 0.0, comp = 0.0;
     for (size_t i = 0; i < n; i++) {
         double v = r ? (double)S_RND((C)(S_LD(x + i) + S_LD(r + i))) : (double)S_LD(x + i);
-        s += (v / amax) * (v / amax);
+        double q = (v / amax) * (v / amax), t = s + q;
+        comp += fabs(s) >= fabs(q) ? (s - t) + q : (q - t) + s;
+        s = t;
     }
+    s += comp;
     double t = eps / amax / amax;
     if (!(t <= 1.79769313486231570e308)) /* eps / amax^2 overflows: the mean square (at most
                                            * amax^2) vanishes beside eps */
