@@ -13,31 +13,29 @@
 #include "kernels.h"
 #include "convert.h"
 
-/* Round to nearest even on the integer bits (NaN: the canonical quiet NaN), packed to 16 bytes */
-static inline __m128i bf16x8_round(__m256 v) {
+/* v's bits plus the round-to-nearest-even bias, so that their high 16 bits are v rounded to
+ * bfloat16 (a NaN: the canonical quiet NaN of its sign). */
+static inline __m256i bf16x8_biased(__m256 v) {
     __m256i b = _mm256_castps_si256(v);
-    __m256i hi = _mm256_srli_epi32(b, 16);
-    __m256i bias = _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)),
-                                    _mm256_set1_epi32(0x7fff));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, bias), 16);
-    __m256i qnan = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x8000)),
-                                   _mm256_set1_epi32(0x7fc0));
-    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    __m256i bias = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff));
+    __m256i qnan = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32((int)0x80000000u)),
+                                   _mm256_set1_epi32(0x7fc00000));
+    return _mm256_blendv_epi8(_mm256_add_epi32(b, bias), qnan,
+                              _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+
+/* v rounded to bfloat16, packed to 16 bytes */
+static inline __m128i bf16x8_round(__m256 v) {
+    __m256i r = _mm256_srli_epi32(bf16x8_biased(v), 16);
     __m256i packed = _mm256_packus_epi32(r, r); /* per 128-bit lane: r0-3 r0-3 | r4-7 r4-7 */
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
-/* v rounded to bfloat16 and widened back, without leaving the 32-bit lanes: the rounding above
- * with the low half masked off instead of packed (a NaN: the canonical quiet NaN). */
+/* v rounded to bfloat16 and widened back, without leaving the 32-bit lanes */
 static inline __m256 bf16x8_rnd(__m256 v) {
-    __m256i b = _mm256_castps_si256(v);
-    __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1)),
-                                    _mm256_set1_epi32(0x7fff));
-    __m256i r = _mm256_and_si256(_mm256_add_epi32(b, bias), _mm256_set1_epi32((int)0xffff0000u));
-    __m256i qnan = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32((int)0x80000000u)),
-                                   _mm256_set1_epi32(0x7fc00000));
-    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-    return _mm256_castsi256_ps(r);
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(bf16x8_biased(v), _mm256_set1_epi32((int)0xffff0000u)));
 }
 
 static inline __m256 bf16x8_widen(__m128i u) {

@@ -12,30 +12,27 @@
 #include "kernels.h"
 #include "convert.h"
 
-/* Round to nearest even on the integer bits; NaN becomes the canonical quiet NaN. */
-static inline __m256i bf16x16_round(__m512 v) {
+/* v's bits plus the round-to-nearest-even bias, so that their high 16 bits are v rounded to
+ * bfloat16 (a NaN: the canonical quiet NaN of its sign). */
+static inline __m512i bf16x16_biased(__m512 v) {
     __m512i b = _mm512_castps_si512(v);
-    __m512i hi = _mm512_srli_epi32(b, 16);
-    __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
-                                    _mm512_set1_epi32(0x7fff));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, bias), 16);
-    __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
-                                   _mm512_set1_epi32(0x7fc0));
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
-    return _mm512_cvtepi32_epi16(r);
-}
-
-/* v rounded to bfloat16 and widened back, without leaving the 32-bit lanes: the rounding above
- * with the low half masked off instead of narrowed (a NaN: the canonical quiet NaN). */
-static inline __m512 bf16x16_rnd(__m512 v) {
-    __m512i b = _mm512_castps_si512(v);
-    __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1)),
-                                    _mm512_set1_epi32(0x7fff));
-    __m512i r = _mm512_and_si512(_mm512_add_epi32(b, bias), _mm512_set1_epi32((int)0xffff0000u));
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff));
     __m512i qnan = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32((int)0x80000000u)),
                                    _mm512_set1_epi32(0x7fc00000));
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
-    return _mm512_castsi512_ps(r);
+    return _mm512_mask_mov_epi32(_mm512_add_epi32(b, bias), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                                 qnan);
+}
+
+/* v rounded to bfloat16, narrowed to 16 bits */
+static inline __m256i bf16x16_round(__m512 v) {
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16x16_biased(v), 16));
+}
+
+/* v rounded to bfloat16 and widened back, without leaving the 32-bit lanes */
+static inline __m512 bf16x16_rnd(__m512 v) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(bf16x16_biased(v), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 static inline __m512 bf16x16_widen(__m256i u) {

@@ -549,8 +549,8 @@ static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, 
 
 /* unused: a table may take dot and widen from another instantiation of the same dtype (they
  * store nothing, so a family that differs only in its stores shares them) */
-__attribute__((unused)) static double FN(dot)(const void *dy, const void *x, const void *w, double rstd, size_t n,
-                      int flags, double *parts) {
+__attribute__((unused)) static double FN(dot)(const void *dy, const void *x, const void *w,
+                                              double rstd, size_t n, int flags, double *parts) {
     const T *a = (const T *)dy, *b = (const T *)x;
     if (w && RMS_HW(flags) == 2)
         return FN(reduce)(a, b, w, (C)rstd, NULL, n, a, b, 4, parts);
@@ -584,7 +584,8 @@ static void FN(bwdp)(const void *dy, const void *x, const void *w, void *dx, dou
 
 /* ---------------------------------------------------------------- weights */
 
-__attribute__((unused)) static void FN(widen)(const void *src, void *dst, double offset, size_t n) {
+__attribute__((unused)) static void FN(widen)(const void *src, void *dst, double offset,
+                                              size_t n) {
     const T *s = (const T *)src;
     C *d = (C *)dst;
     const V off = V_SET((C)offset);
