@@ -83,19 +83,17 @@ int rms_isa_list(const rms_isa_table *out[RMS_MAX_ISAS]) {
     return n_available;
 }
 
-const rms_isa_table *rms_isa_find(const char *name) {
+/* The first available table whose family name (or, with variant, own name) is name. */
+static const rms_isa_table *find(const char *name, int variant) {
     for (int i = 0; i < n_available; i++)
-        if (strcmp(rms_isa_family(available[i]), name) == 0)
+        if (strcmp(variant ? available[i]->name : rms_isa_family(available[i]), name) == 0)
             return available[i];
     return NULL;
 }
 
-const rms_isa_table *rms_isa_find_variant(const char *name) {
-    for (int i = 0; i < n_available; i++)
-        if (strcmp(available[i]->name, name) == 0)
-            return available[i];
-    return NULL;
-}
+const rms_isa_table *rms_isa_find(const char *name) { return find(name, 0); }
+
+const rms_isa_table *rms_isa_find_variant(const char *name) { return find(name, 1); }
 
 const rms_isa_table *rms_isa_current(void) { return __atomic_load_n(&current, __ATOMIC_ACQUIRE); }
 
