@@ -389,6 +389,24 @@ RMS_INLINE size_t FN(ahead)(size_t rb) {
     return rb > RMS_AHEAD_MAX || rb < RMS_PF_MIN ? 0 : (RMS_AHEAD + rb - 1) / rb;
 }
 
+/* Rows of fewer than RMS_STREAM_ROW bytes stream only where every row of the output starts on a
+ * line: elsewhere each row's two partial lines are stored plainly (and a plain store of a partial
+ * line reads it first), which streaming the rest of so short a row does not repay. */
+#define RMS_STREAM_ROW 1024
+RMS_INLINE int FN(stream_rows)(const void *o, ptrdiff_t os, size_t k) {
+    return k * sizeof(T) >= RMS_STREAM_ROW ||
+           ((uintptr_t)o % RMS_LINE == 0 && (size_t)os * sizeof(T) % RMS_LINE == 0);
+}
+
+/* Rows of 64 and 128 elements (per-head norms, the q and k norms of attention heads) take row
+ * loops compiled with that length as a constant: unrolled, with no tails, and the second pass's
+ * plan folded away. Only the cases models call: the forward and the add with a compute-type
+ * weight or none, rounded once; the backward with a compute-type weight and dgamma. (RMS_KCONST 0
+ * builds without them, for the A/B in benchmarks/NOTES.md.) */
+#ifndef RMS_KCONST
+#define RMS_KCONST 1
+#endif
+
 /* ---------------------------------------------------------------- forward and add */
 
 RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
@@ -445,10 +463,20 @@ static void FN(fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, vo
                     ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd, size_t m,
                     size_t k, double eps, int flags) {
     const int before = (flags & RMS_CAST_BEFORE) && sizeof(T) < sizeof(C);
-    const int stream = (flags & RMS_STREAM) != 0;
+    const int stream = (flags & RMS_STREAM) && FN(stream_rows)(y, ys, k) &&
+                       (!r || FN(stream_rows)(h, hs, k));
 #define RMS_CALL(hr, hw, bf)                                                               \
+    do {                                                                                   \
+        if (RMS_KCONST && (hw) != 2 && !(bf) && k == 64)                                   \
+            RMS_CALLK(hr, hw, bf, 64);                                                     \
+        else if (RMS_KCONST && (hw) != 2 && !(bf) && k == 128)                             \
+            RMS_CALLK(hr, hw, bf, 128);                                                    \
+        else                                                                               \
+            RMS_CALLK(hr, hw, bf, k);                                                      \
+    } while (0)
+#define RMS_CALLK(hr, hw, bf, kk)                                                          \
     FN(fwd_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m, \
-                 k, eps, stream, hr, hw, bf)
+                 kk, eps, stream, hr, hw, bf)
 #define RMS_CALL_W(hr)                                                                     \
     do {                                                                                   \
         if (!w)                                                                            \
@@ -464,6 +492,7 @@ static void FN(fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, vo
         RMS_CALL_W(0);
 #undef RMS_CALL_W
 #undef RMS_CALL
+#undef RMS_CALLK
     if (stream)
         V_FENCE();
 }
@@ -531,10 +560,20 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
 static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
                     ptrdiff_t dxs, const void *w, const void *rstd, void *dg, size_t m,
                     size_t k, int flags) {
-    const int stream = (flags & RMS_STREAM) != 0, store = (flags & RMS_DG_STORE) != 0;
+    const int stream = (flags & RMS_STREAM) && FN(stream_rows)(dx, dxs, k);
+    const int store = (flags & RMS_DG_STORE) != 0;
 #define RMS_CALL(hw, hg)                                                                   \
+    do {                                                                                   \
+        if (RMS_KCONST && (hw) == 1 && (hg) && k == 64)                                    \
+            RMS_CALLK(hw, hg, 64);                                                         \
+        else if (RMS_KCONST && (hw) == 1 && (hg) && k == 128)                              \
+            RMS_CALLK(hw, hg, 128);                                                        \
+        else                                                                               \
+            RMS_CALLK(hw, hg, k);                                                          \
+    } while (0)
+#define RMS_CALLK(hw, hg, kk)                                                              \
     FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w, (const C *)rstd,   \
-                 (C *)dg, m, k, stream, store, hw, hg)
+                 (C *)dg, m, kk, stream, store, hw, hg)
     const int hw = RMS_HW(flags);
     if (w && dg)
         RMS_IF(hw == 2, RMS_CALL(2, 1), RMS_CALL(1, 1));
@@ -543,6 +582,7 @@ static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, 
     else
         RMS_CALL(0, 0);
 #undef RMS_CALL
+#undef RMS_CALLK
     if (stream)
         V_FENCE();
 }
