@@ -32,6 +32,13 @@ static inline __m128i bf16x8_round(__m256 v) {
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
+/* a and b rounded to bfloat16, packed to 32 bytes (a first): one pack for the two */
+static inline __m256i bf16x16_round2(__m256 a, __m256 b) {
+    __m256i ra = _mm256_srli_epi32(bf16x8_biased(a), 16), rb = _mm256_srli_epi32(bf16x8_biased(b), 16);
+    /* per 128-bit lane: a0-3 b0-3 | a4-7 b4-7 */
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(ra, rb), 0xd8);
+}
+
 /* v rounded to bfloat16 and widened back, without leaving the 32-bit lanes */
 static inline __m256 bf16x8_rnd(__m256 v) {
     return _mm256_castsi256_ps(
@@ -112,6 +119,9 @@ static inline double hsum_pd(__m256d a) {
 #define V_ST(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph((v), F16_RNE))
 #define V_STP(p, v, n) store16_part((p), _mm256_cvtps_ph((v), F16_RNE), (n))
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), _mm256_cvtps_ph((v), F16_RNE))
+#define V_STNT2(p, a, b)                                                                   \
+    _mm256_stream_si256((__m256i *)(p), _mm256_set_m128i(_mm256_cvtps_ph((b), F16_RNE),   \
+                                                         _mm256_cvtps_ph((a), F16_RNE)))
 #define V_RND(v) _mm256_cvtph_ps(_mm256_cvtps_ph((v), F16_RNE))
 #define S_LD(p) rms_f16_to_f32(*(p))
 #define S_RND(v) rms_f16_to_f32(rms_f32_to_f16(v))
@@ -125,6 +135,7 @@ static inline double hsum_pd(__m256d a) {
 #define V_ST(p, v) _mm_storeu_si128((__m128i *)(p), bf16x8_round(v))
 #define V_STP(p, v, n) store16_part((p), bf16x8_round(v), (n))
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), bf16x8_round(v))
+#define V_STNT2(p, a, b) _mm256_stream_si256((__m256i *)(p), bf16x16_round2((a), (b)))
 #define V_RND(v) bf16x8_rnd(v)
 #define S_LD(p) rms_bf16_to_f32(*(p))
 #define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))

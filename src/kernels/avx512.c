@@ -35,6 +35,11 @@ static inline __m512 bf16x16_rnd(__m512 v) {
         _mm512_and_si512(bf16x16_biased(v), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
+/* a in the low half, b in the high */
+static inline __m512i join256(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
 static inline __m512 bf16x16_widen(__m256i u) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));
 }
@@ -97,6 +102,9 @@ static inline double hsum_pd(__m512d a) {
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph((v), F16_RNE))
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), _mm512_cvtps_ph((v), F16_RNE))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), _mm512_cvtps_ph((v), F16_RNE))
+#define V_STNT2(p, a, b)                                                                   \
+    _mm512_stream_si512((void *)(p), join256(_mm512_cvtps_ph((a), F16_RNE),               \
+                                             _mm512_cvtps_ph((b), F16_RNE)))
 #define V_RND(v) _mm512_cvtph_ps(_mm512_cvtps_ph((v), F16_RNE))
 #define S_LD(p) rms_f16_to_f32(*(p))
 #define S_RND(v) rms_f16_to_f32(rms_f32_to_f16(v))
@@ -110,6 +118,8 @@ static inline double hsum_pd(__m512d a) {
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round(v))
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round(v))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round(v))
+#define V_STNT2(p, a, b)                                                                   \
+    _mm512_stream_si512((void *)(p), join256(bf16x16_round(a), bf16x16_round(b)))
 #define V_RND(v) bf16x16_rnd(v)
 #define S_LD(p) rms_bf16_to_f32(*(p))
 #define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))
@@ -131,6 +141,13 @@ static inline __m256i bf16x16_round_bf(__m512 v) {
         return bf16x16_round(v);
     return (__m256i)_mm512_cvtneps_pbh(v);
 }
+/* a and b (a first) rounded to bfloat16 in one instruction, as above */
+static inline __m512i bf16x32_round_bf(__m512 a, __m512 b) {
+    if (__builtin_expect((_mm512_fpclass_ps_mask(a, 0xa1) | _mm512_fpclass_ps_mask(b, 0xa1)) != 0,
+                         0))
+        return join256(bf16x16_round(a), bf16x16_round(b));
+    return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+}
 #define T uint16_t
 #define C float
 #define SFX bf16_avx512bf16
@@ -139,6 +156,7 @@ static inline __m256i bf16x16_round_bf(__m512 v) {
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round_bf(v))
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round_bf(v))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round_bf(v))
+#define V_STNT2(p, a, b) _mm512_stream_si512((void *)(p), bf16x32_round_bf((a), (b)))
 #define V_RND(v) bf16x16_rnd(v)
 #define S_LD(p) rms_bf16_to_f32(*(p))
 #define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))

@@ -6,6 +6,8 @@
  *   V_LD(p), V_LDP(p, n)       W (or n < W, the rest zero) storage elements widened to V
  *   V_ST(p, v), V_STP(p, v, n) v rounded (nearest even) to the storage type and stored
  *   V_STNT(p, v)        the same with a non-temporal store (p aligned to W * sizeof(T))
+ *   V_STNT2(p, a, b)    (optional) a and b, 2 * W elements, in one non-temporal store (p
+ *                       aligned to that): where two vectors of the storage type fit a register
  *   V_RND(v)            v rounded through the storage type and back
  *   VC_LD, VC_LDP, VC_ST, VC_STP   the same for compute-type arrays (w, dg)
  *   V_SET, V_ADD, V_SUB, V_MUL, V_FMA(a, b, c) = a * b + c
@@ -24,6 +26,9 @@
 #define RMS_CAT3(a, b, c) RMS_CAT3_(a, b, c)
 #define RMS_INLINE static inline __attribute__((always_inline))
 #define RMS_FLUSH 16 /* iterations of 4 vectors between flushes into float64 */
+#ifndef RMS_RELOAD
+#define RMS_RELOAD 1
+#endif
 #define RMS_LINE 64
 #define RMS_IF(c, a, b)                                                                    \
     do {                                                                                   \
@@ -123,9 +128,17 @@ RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const void *w, V vr, T *h, 
         return V_FMA(u, u, acc);
     V v = LDX(b + i, t);
     if (kind == 1) {
-        V s = V_RND(V_ADD(u, v));
-        if (h)
-            STX(h + i, s, t, 0);
+        V s;
+        if (h && sizeof(T) < sizeof(C) && RMS_RELOAD) {
+            /* 16-bit h: rounded once, by its store, and read back (from the store buffer),
+             * which costs less than rounding in the lanes and again to store */
+            STX(h + i, V_ADD(u, v), t, 0);
+            s = LDX(h + i, t);
+        } else {
+            s = V_RND(V_ADD(u, v));
+            if (h)
+                STX(h + i, s, t, 0);
+        }
         return V_FMA(s, s, acc);
     }
     if (kind >= 3)
@@ -226,25 +239,43 @@ RMS_INLINE C FN(rstd)(double ss, const T *x, const T *r, size_t n, double eps) {
 RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const void *w, V vr,
                                 const T *pf, const T *pf2, const int hasr, const int hasw,
                                 const int before, size_t i0, size_t i1, const int nt) {
-#define RMS_STEP(i, t)                                                                     \
+#define RMS_VAL(i, t, hv, v) /* y's value v at i, and h's hv (the add) */                   \
     do {                                                                                   \
-        V v = LDX(x + (i), t);                                                             \
+        hv = LDX(x + (i), t);                                                              \
         if (hasr == 1)                                                                     \
-            v = V_RND(V_ADD(v, LDX(r + (i), t)));                                          \
-        if (hasr) /* 2: x is the add's h, staged in a buffer */                            \
-            STX(h + (i), v, t, nt);                                                        \
-        v = V_MUL(v, vr);                                                                  \
+            hv = V_RND(V_ADD(hv, LDX(r + (i), t)));                                        \
+        v = V_MUL(hv, vr);                                                                 \
         if (before)                                                                        \
             v = V_RND(v);                                                                  \
         if (hasw)                                                                          \
             v = V_MUL(v, LDW(w, i, t, hasw));                                              \
-        STX(y + (i), v, t, nt);                                                            \
+    } while (0)
+#define RMS_STEP(i, t)                                                                     \
+    do {                                                                                   \
+        V h_, v_;                                                                          \
+        RMS_VAL(i, t, h_, v_);                                                             \
+        if (hasr) /* 2: x is the add's h, staged in a buffer */                            \
+            STX(h + (i), h_, t, nt);                                                       \
+        STX(y + (i), v_, t, nt);                                                           \
     } while (0)
     size_t i = i0;
     const size_t lv = RMS_LV(T, W);
     const int two = pf2 && pf2 != pf; /* the add's r rows ahead too */
     for (; i + lv * W <= i1; i += lv * W) {
         FN(pf_line)(pf, pf2, i, two);
+#if defined(V_STNT2)
+        if (nt) {
+            for (size_t j = 0; j < lv; j += 2) {
+                V h0, v0, h1, v1;
+                RMS_VAL(i + j * W, W, h0, v0);
+                RMS_VAL(i + (j + 1) * W, W, h1, v1);
+                if (hasr)
+                    V_STNT2(h + i + j * W, h0, h1);
+                V_STNT2(y + i + j * W, v0, v1);
+            }
+            continue;
+        }
+#endif
         for (size_t j = 0; j < lv; j++)
             RMS_STEP(i + j * W, W);
     }
@@ -253,25 +284,43 @@ RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const void *
     if (i < i1)
         RMS_STEP(i, i1 - i);
 #undef RMS_STEP
+#undef RMS_VAL
 }
 
 RMS_INLINE void FN(bwd_range)(const T *dy, const T *x, const void *w, T *dx, C *dg, V vr, V vnc,
                               const T *pf, const T *pf2, const int hasw, const int dgm,
                               size_t i0, size_t i1, const int nt) {
-#define RMS_STEP(i, t)                                                                     \
+#define RMS_VAL(i, t, v) /* dx's value v at i; dgamma updated */                            \
     do {                                                                                   \
         V d = LDX(dy + (i), t), xh = V_MUL(LDX(x + (i), t), vr);                           \
         V g = hasw ? V_MUL(d, LDW(w, i, t, hasw)) : d;                                     \
-        STX(dx + (i), V_MUL(vr, V_FMA(xh, vnc, g)), t, nt);                                \
+        v = V_MUL(vr, V_FMA(xh, vnc, g));                                                  \
         if (dgm == 1)                                                                      \
             STCX(dg + (i), V_FMA(d, xh, LDCX(dg + (i), t)), t);                            \
         else if (dgm == 2)                                                                 \
             STCX(dg + (i), V_MUL(d, xh), t);                                               \
     } while (0)
+#define RMS_STEP(i, t)                                                                     \
+    do {                                                                                   \
+        V v_;                                                                              \
+        RMS_VAL(i, t, v_);                                                                 \
+        STX(dx + (i), v_, t, nt);                                                          \
+    } while (0)
     size_t i = i0;
     const size_t lv = RMS_LV(T, W);
     for (; i + lv * W <= i1; i += lv * W) {
         FN(pf_line)(pf, pf2, i, 1);
+#if defined(V_STNT2)
+        if (nt) {
+            for (size_t j = 0; j < lv; j += 2) {
+                V v0, v1;
+                RMS_VAL(i + j * W, W, v0);
+                RMS_VAL(i + (j + 1) * W, W, v1);
+                V_STNT2(dx + i + j * W, v0, v1);
+            }
+            continue;
+        }
+#endif
         for (size_t j = 0; j < lv; j++)
             RMS_STEP(i + j * W, W);
     }
@@ -280,6 +329,7 @@ RMS_INLINE void FN(bwd_range)(const T *dy, const T *x, const void *w, T *dx, C *
     if (i < i1)
         RMS_STEP(i, i1 - i);
 #undef RMS_STEP
+#undef RMS_VAL
 }
 
 /* Elements of out (n of them) before its first whole line, where streaming starts; n when
@@ -660,6 +710,7 @@ static void FN(narrow)(const void *src, void *dst, size_t n) {
 #undef V_ST
 #undef V_STP
 #undef V_STNT
+#undef V_STNT2
 #undef V_RND
 #undef S_LD
 #undef S_RND
