@@ -124,9 +124,14 @@ class BuildExt(build_ext):
             self.compiler._rms_serial_compile = serial
 
             def compile_one(src, args, kwargs):
+                extra = list(kwargs.get("extra_postargs") or [])
                 if kernel_flags and src.startswith(KERNELS + "/"):
-                    extra = list(kwargs.get("extra_postargs") or []) + kernel_flags
-                    kwargs = dict(kwargs, extra_postargs=extra)
+                    extra += kernel_flags
+                if src == f"{KERNELS}/scalar.c":
+                    # the fallback of CPUs without SIMD: optimized for size (the same bits;
+                    # its unrolled row loops were a third of the extension)
+                    extra.append("-Os")
+                kwargs = dict(kwargs, extra_postargs=extra)
                 return serial([src], *args, **kwargs)
 
             def compile_parallel(sources, *args, **kwargs):

@@ -322,8 +322,10 @@ static char *scratch_rows(size_t n, size_t bytes) {
 }
 
 /* A 16-bit weight of x's dtype (offset 0) goes to the kernels as it is (RMS_W_STORAGE) for
- * fewer than this many rows, which would not pay back its widening, or rows of RMS_W_AS_IS_K
- * or more, whose float32 row would crowd L1 beside the rows (benchmarks/NOTES.md). */
+ * fewer than this many rows, which would not pay back its widening, or forward rows of
+ * RMS_W_AS_IS_K or more, whose float32 row would crowd L1 beside the rows. The backward (bwd)
+ * widens longer rows too: its float32 dgamma row is there beside them anyway, and a weight read
+ * as it is costs a widening per element per row (benchmarks/NOTES.md). */
 #define RMS_W_AS_IS_ROWS 8
 #define RMS_W_AS_IS_K 8192
 
@@ -331,13 +333,14 @@ static char *scratch_rows(size_t n, size_t bytes) {
  * 16-bit type, else the compute type with the offset added; *own is a row to free, or NULL.
  * Returns -1 when it cannot be allocated. */
 static int kernel_weights(const rms_isa_table *isa, int dtype, const void *w, int w_dtype,
-                          double offset, size_t m, size_t k, int nthreads, const void **out,
-                          void **own, int *flags) {
+                          double offset, size_t m, size_t k, int nthreads, int bwd,
+                          const void **out, void **own, int *flags) {
     *own = NULL;
     *out = w;
     if (!w || (w_dtype == compute_dtype(dtype) && offset == 0.0))
         return 0;
-    if (w_dtype == dtype && offset == 0.0 && (m < RMS_W_AS_IS_ROWS || k >= RMS_W_AS_IS_K)) {
+    if (w_dtype == dtype && offset == 0.0 &&
+        (m < RMS_W_AS_IS_ROWS || (!bwd && k >= RMS_W_AS_IS_K))) {
         *flags |= RMS_W_STORAGE;
         return 0;
     }
@@ -522,7 +525,7 @@ int rms_forward(const rms_isa_table *isa, const rms_fwd_args *a, int nthreads,
     int flags = (a->flags & RMS_CAST_BEFORE) |
                 (total * es * (a->r ? 2 : 1) >= rms_stream_bytes(NULL) ? RMS_STREAM : 0);
     if (!j || kernel_weights(isa, a->dtype, a->w, a->w_dtype, a->w_offset, a->m, a->k, nthreads,
-                             &j->w, &own_w, &flags) < 0) {
+                             0, &j->w, &own_w, &flags) < 0) {
         free(j);
         return -1;
     }
@@ -801,8 +804,8 @@ int rms_backward(const rms_isa_table *isa, const rms_bwd_args *a, int nthreads,
     const void *w;
     void *own_w;
     int flags = total * es >= rms_stream_bytes(NULL) ? RMS_STREAM : 0, rc = 0;
-    if (kernel_weights(isa, a->dtype, a->w, a->w_dtype, a->w_offset, a->m, a->k, nthreads, &w,
-                       &own_w, &flags) < 0)
+    if (kernel_weights(isa, a->dtype, a->w, a->w_dtype, a->w_offset, a->m, a->k, nthreads, 1,
+                       &w, &own_w, &flags) < 0)
         return -1;
     if (a->dgamma && a->w) {
         rc = bwd_dgamma(isa, a, w, flags, nthreads, pool);

@@ -77,6 +77,9 @@ static inline double hsum_pd(__m256d a) {
 
 #define RMS_NT 1
 #define RMS_PF 1
+/* a register of 16-bit values (V_PK2's) stored plainly or non-temporally */
+#define V_ST2R(p, u, nt)                                                                   \
+    ((nt) ? _mm256_stream_si256((__m256i *)(p), (u)) : _mm256_storeu_si256((__m256i *)(p), (u)))
 #define V_FENCE() _mm_sfence()
 #define A __m256d
 #define A_ZERO _mm256_setzero_pd()
@@ -119,9 +122,7 @@ static inline double hsum_pd(__m256d a) {
 #define V_ST(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph((v), F16_RNE))
 #define V_STP(p, v, n) store16_part((p), _mm256_cvtps_ph((v), F16_RNE), (n))
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), _mm256_cvtps_ph((v), F16_RNE))
-#define V_STNT2(p, a, b)                                                                   \
-    _mm256_stream_si256((__m256i *)(p), _mm256_set_m128i(_mm256_cvtps_ph((b), F16_RNE),   \
-                                                         _mm256_cvtps_ph((a), F16_RNE)))
+#define V_PK2(a, b) _mm256_set_m128i(_mm256_cvtps_ph((b), F16_RNE), _mm256_cvtps_ph((a), F16_RNE))
 #define V_RND(v) _mm256_cvtph_ps(_mm256_cvtps_ph((v), F16_RNE))
 #define S_LD(p) rms_f16_to_f32(*(p))
 #define S_RND(v) rms_f16_to_f32(rms_f32_to_f16(v))
@@ -135,7 +136,7 @@ static inline double hsum_pd(__m256d a) {
 #define V_ST(p, v) _mm_storeu_si128((__m128i *)(p), bf16x8_round(v))
 #define V_STP(p, v, n) store16_part((p), bf16x8_round(v), (n))
 #define V_STNT(p, v) _mm_stream_si128((__m128i *)(p), bf16x8_round(v))
-#define V_STNT2(p, a, b) _mm256_stream_si256((__m256i *)(p), bf16x16_round2((a), (b)))
+#define V_PK2(a, b) bf16x16_round2((a), (b))
 #define V_RND(v) bf16x8_rnd(v)
 #define S_LD(p) rms_bf16_to_f32(*(p))
 #define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))

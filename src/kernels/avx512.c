@@ -62,6 +62,8 @@ static inline double hsum_pd(__m512d a) {
 
 #define RMS_NT 1
 #define RMS_PF 1
+/* a register of 16-bit values (V_PK2's) stored plainly or non-temporally */
+#define V_ST2R(p, u, nt) ((nt) ? _mm512_stream_si512((void *)(p), (u)) : _mm512_storeu_si512((p), (u)))
 #define V_FENCE() _mm_sfence()
 #define A __m512d
 #define A_ZERO _mm512_setzero_pd()
@@ -102,9 +104,7 @@ static inline double hsum_pd(__m512d a) {
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph((v), F16_RNE))
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), _mm512_cvtps_ph((v), F16_RNE))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), _mm512_cvtps_ph((v), F16_RNE))
-#define V_STNT2(p, a, b)                                                                   \
-    _mm512_stream_si512((void *)(p), join256(_mm512_cvtps_ph((a), F16_RNE),               \
-                                             _mm512_cvtps_ph((b), F16_RNE)))
+#define V_PK2(a, b) join256(_mm512_cvtps_ph((a), F16_RNE), _mm512_cvtps_ph((b), F16_RNE))
 #define V_RND(v) _mm512_cvtph_ps(_mm512_cvtps_ph((v), F16_RNE))
 #define S_LD(p) rms_f16_to_f32(*(p))
 #define S_RND(v) rms_f16_to_f32(rms_f32_to_f16(v))
@@ -118,8 +118,7 @@ static inline double hsum_pd(__m512d a) {
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round(v))
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round(v))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round(v))
-#define V_STNT2(p, a, b)                                                                   \
-    _mm512_stream_si512((void *)(p), join256(bf16x16_round(a), bf16x16_round(b)))
+#define V_PK2(a, b) join256(bf16x16_round(a), bf16x16_round(b))
 #define V_RND(v) bf16x16_rnd(v)
 #define S_LD(p) rms_bf16_to_f32(*(p))
 #define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))
@@ -136,27 +135,39 @@ static inline double hsum_pd(__m512d a) {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")
 #endif
+/* The rare vectors out of line, so that each store keeps only the fast path's code */
+__attribute__((noinline, cold)) static __m512i bf16x32_round_cold(__m512 a, __m512 b) {
+    return join256(bf16x16_round(a), bf16x16_round(b));
+}
 static inline __m256i bf16x16_round_bf(__m512 v) {
     if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0xa1) != 0, 0)) /* NaN or subnormal */
-        return bf16x16_round(v);
+        return _mm512_castsi512_si256(bf16x32_round_cold(v, v));
     return (__m256i)_mm512_cvtneps_pbh(v);
 }
 /* a and b (a first) rounded to bfloat16 in one instruction, as above */
 static inline __m512i bf16x32_round_bf(__m512 a, __m512 b) {
     if (__builtin_expect((_mm512_fpclass_ps_mask(a, 0xa1) | _mm512_fpclass_ps_mask(b, 0xa1)) != 0,
                          0))
-        return join256(bf16x16_round(a), bf16x16_round(b));
+        return bf16x32_round_cold(a, b);
     return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+}
+/* the squares of 32 bfloat16 values at p, added pairwise into acc's 16 lanes (one VDPBF16PS:
+ * exact products, nearest-even sums, subnormals flushed: see RMS_SQ2_EXACT) */
+static inline __m512 bf16x32_sq(__m512 acc, const uint16_t *p) {
+    __m512bh u = (__m512bh)_mm512_loadu_si512((const void *)p);
+    return _mm512_dpbf16_ps(acc, u, u);
 }
 #define T uint16_t
 #define C float
 #define SFX bf16_avx512bf16
+#define V_SQ2(acc, p) bf16x32_sq((acc), (p))
 #define V_LD(p) bf16x16_widen(_mm256_loadu_si256((const __m256i *)(p)))
 #define V_LDP(p, n) bf16x16_widen(_mm256_maskz_loadu_epi16(M16(n), (p)))
 #define V_ST(p, v) _mm256_storeu_si256((__m256i *)(p), bf16x16_round_bf(v))
 #define V_STP(p, v, n) _mm256_mask_storeu_epi16((p), M16(n), bf16x16_round_bf(v))
 #define V_STNT(p, v) _mm256_stream_si256((__m256i *)(p), bf16x16_round_bf(v))
-#define V_STNT2(p, a, b) _mm512_stream_si512((void *)(p), bf16x32_round_bf((a), (b)))
+#define V_PK2(a, b) bf16x32_round_bf((a), (b))
+#define V_PK2_PLAIN 1
 #define V_RND(v) bf16x16_rnd(v)
 #define S_LD(p) rms_bf16_to_f32(*(p))
 #define S_RND(v) rms_bf16_to_f32(rms_f32_to_bf16(v))

@@ -6,8 +6,9 @@
  *   V_LD(p), V_LDP(p, n)       W (or n < W, the rest zero) storage elements widened to V
  *   V_ST(p, v), V_STP(p, v, n) v rounded (nearest even) to the storage type and stored
  *   V_STNT(p, v)        the same with a non-temporal store (p aligned to W * sizeof(T))
- *   V_STNT2(p, a, b)    (optional) a and b, 2 * W elements, in one non-temporal store (p
- *                       aligned to that): where two vectors of the storage type fit a register
+ *   V_PK2(a, b), V_ST2R(p, u, nt)   (optional) a and b rounded to 2 * W storage elements in
+ *                       one register, and such a register stored (nt: non-temporally, p aligned
+ *                       to it): where two vectors of the storage type fit a register
  *   V_RND(v)            v rounded through the storage type and back
  *   VC_LD, VC_LDP, VC_ST, VC_STP   the same for compute-type arrays (w, dg)
  *   V_SET, V_ADD, V_SUB, V_MUL, V_FMA(a, b, c) = a * b + c
@@ -62,6 +63,9 @@ typedef struct {
 #endif
 
 #define FN(op) RMS_CAT3(rmsnorm, op, SFX)
+#if defined(V_PK2) && !defined(V_PK2_PLAIN)
+#define V_PK2_PLAIN 0 /* 1 where V_PK2 is one instruction: plain stores take it too */
+#endif
 /* t elements at p: a full vector when t == W (a constant in the main loops), else partial. */
 #define LDX(p, t) ((t) == W ? V_LD(p) : V_LDP((p), (t)))
 #define LDCX(p, t) ((t) == W ? VC_LD(p) : VC_LDP((p), (t)))
@@ -176,19 +180,72 @@ RMS_INLINE double FN(reduce_chunk)(const T *a, const T *b, const void *w, C r, T
     return A_SUM(l, hi);
 }
 
+#if defined(V_SQ2)
+/* A chunk's sum of squares through V_SQ2 (two vectors' squares into one, pairwise): where that
+ * instruction flushes subnormal results (VDPBF16PS), each flush loses less than float32's
+ * smallest normal, 2^-126, a product, so a chunk whose sum is at least RMS_SQ2_EXACT (2^24 times
+ * RMS_CHUNK such losses) is within float32's rounding; a smaller one is summed again exactly. */
+#define RMS_SQ2_EXACT 0x1p-92
+RMS_INLINE double FN(sq2_chunk)(const T *a, size_t n) {
+    A l = A_ZERO, hi = A_ZERO;
+    const V z = V_SET((C)0);
+    size_t i = 0;
+    while (i + 8 * W <= n) {
+        V s0 = z, s1 = z, s2 = z, s3 = z;
+        for (int it = 0; it < RMS_FLUSH / 2 && i + 8 * W <= n; it++, i += 8 * W) {
+            s0 = V_SQ2(s0, a + i);
+            s1 = V_SQ2(s1, a + i + 2 * W);
+            s2 = V_SQ2(s2, a + i + 4 * W);
+            s3 = V_SQ2(s3, a + i + 6 * W);
+        }
+        A_ACC(l, hi, V_ADD(V_ADD(s0, s1), V_ADD(s2, s3)));
+    }
+    V s = z;
+    for (; i + W <= n; i += W)
+        s = FN(term)(s, a, NULL, NULL, z, NULL, i, W, 0);
+    if (i < n)
+        s = FN(term)(s, a, NULL, NULL, z, NULL, i, n - i, 0);
+    A_ACC(l, hi, s);
+    return A_SUM(l, hi);
+}
+#endif
+
 /* A row's sum as the sum, left to right, of its RMS_CHUNK-element chunks, each reduced from
  * fresh accumulators: a row split across threads at chunk bounds (the driver) adds the same
  * chunk sums in the same order, so its bits do not depend on the thread count. parts, when not
  * NULL, receives each chunk's sum. */
+/* The sum of the chunk of a row of n elements that starts at c0 */
+RMS_INLINE double FN(chunk_sum)(const T *a, const T *b, const void *w, C r, T *h, size_t n,
+                                const T *pa, const T *pb, const int kind, size_t c0) {
+    size_t len = n - c0 < RMS_CHUNK ? n - c0 : RMS_CHUNK;
+    const void *wc = !w ? w : kind == 4 ? (const void *)((const T *)w + c0)
+                                        : (const void *)((const C *)w + c0);
+    double cs;
+#if defined(V_SQ2)
+    if (kind == 1) { /* h = round(x + r) first (here when not stored), then kind 0's sum of it,
+                      * so that the add's rstd has the bits rms_norm gives h */
+        T tmp[RMS_CHUNK];
+        T *hc = h ? h + c0 : tmp;
+        size_t i = 0;
+        for (; i + W <= len; i += W)
+            V_ST(hc + i, V_ADD(V_LD(a + c0 + i), V_LD(b + c0 + i)));
+        if (i < len)
+            V_STP(hc + i, V_ADD(V_LDP(a + c0 + i, len - i), V_LDP(b + c0 + i, len - i)), len - i);
+        return FN(chunk_sum)(hc, NULL, NULL, r, NULL, len, hc, hc, 0, 0);
+    }
+    if (kind == 0 && (cs = FN(sq2_chunk)(a + c0, len)) >= RMS_SQ2_EXACT)
+        return cs;
+#endif
+    cs = FN(reduce_chunk)(a + c0, b ? b + c0 : b, wc, r, h ? h + c0 : h, len, pa + c0, pb + c0,
+                          kind);
+    return cs;
+}
+
 RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, T *h, size_t n,
                              const T *pa, const T *pb, const int kind, double *parts) {
     double total = 0.0;
     for (size_t c0 = 0; c0 < n; c0 += RMS_CHUNK) {
-        size_t len = n - c0 < RMS_CHUNK ? n - c0 : RMS_CHUNK;
-        const void *wc = !w ? w : kind == 4 ? (const void *)((const T *)w + c0)
-                                            : (const void *)((const C *)w + c0);
-        double cs = FN(reduce_chunk)(a + c0, b ? b + c0 : b, wc, r, h ? h + c0 : h, len,
-                                     pa + c0, pb + c0, kind);
+        double cs = FN(chunk_sum)(a, b, w, r, h, n, pa, pb, kind, c0);
         if (parts)
             parts[c0 / RMS_CHUNK] = cs;
         total += cs;
@@ -263,17 +320,17 @@ RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const void *
     const int two = pf2 && pf2 != pf; /* the add's r rows ahead too */
     for (; i + lv * W <= i1; i += lv * W) {
         FN(pf_line)(pf, pf2, i, two);
-#if defined(V_STNT2)
-        if (nt) {
-            for (size_t j = 0; j < lv; j += 2) {
-                V h0, v0, h1, v1;
-                RMS_VAL(i + j * W, W, h0, v0);
-                RMS_VAL(i + (j + 1) * W, W, h1, v1);
-                if (hasr)
-                    V_STNT2(h + i + j * W, h0, h1);
-                V_STNT2(y + i + j * W, v0, v1);
-            }
-            continue;
+#if defined(V_PK2)
+        if (nt || V_PK2_PLAIN) {
+        for (size_t j = 0; j < lv; j += 2) {
+            V h0, v0, h1, v1;
+            RMS_VAL(i + j * W, W, h0, v0);
+            RMS_VAL(i + (j + 1) * W, W, h1, v1);
+            if (hasr)
+                V_ST2R(h + i + j * W, V_PK2(h0, h1), nt);
+            V_ST2R(y + i + j * W, V_PK2(v0, v1), nt);
+        }
+        continue;
         }
 #endif
         for (size_t j = 0; j < lv; j++)
@@ -310,13 +367,13 @@ RMS_INLINE void FN(bwd_range)(const T *dy, const T *x, const void *w, T *dx, C *
     const size_t lv = RMS_LV(T, W);
     for (; i + lv * W <= i1; i += lv * W) {
         FN(pf_line)(pf, pf2, i, 1);
-#if defined(V_STNT2)
-        if (nt) {
+#if defined(V_PK2)
+        if (nt || V_PK2_PLAIN) {
             for (size_t j = 0; j < lv; j += 2) {
                 V v0, v1;
                 RMS_VAL(i + j * W, W, v0);
                 RMS_VAL(i + (j + 1) * W, W, v1);
-                V_STNT2(dx + i + j * W, v0, v1);
+                V_ST2R(dx + i + j * W, V_PK2(v0, v1), nt);
             }
             continue;
         }
@@ -412,6 +469,43 @@ RMS_INLINE int FN(next_range)(rms_plan *p, size_t *a, size_t *b, int *nt) {
         }                                                                                  \
     } while (0)
 
+/* The part [a, b) of a forwards pass planned as p: its pieces before lo and from hi plainly,
+ * those in [lo, hi) as the plan streams. */
+#define RMS_PASS_PART(RANGE, p, a, b, ...)                                                 \
+    do {                                                                                   \
+        const size_t cut_[4] = {0, (p).lo, (p).hi, (p).n};                                 \
+        for (int q_ = 0; q_ < 3; q_++) {                                                   \
+            size_t s_ = (a) > cut_[q_] ? (a) : cut_[q_];                                   \
+            size_t e_ = (b) < cut_[q_ + 1] ? (b) : cut_[q_ + 1];                           \
+            if (s_ >= e_)                                                                  \
+                continue;                                                                  \
+            if (q_ == 1 && (p).nt)                                                         \
+                RANGE(__VA_ARGS__, s_, e_, 1);                                             \
+            else                                                                           \
+                RANGE(__VA_ARGS__, s_, e_, 0);                                             \
+        }                                                                                  \
+    } while (0)
+
+/* Streamed rows of RMS_FUSE_MIN to RMS_AHEAD_MAX bytes are fused across rows: each chunk of the
+ * next row's first pass is followed by as many elements of this row's second pass (from the
+ * line its streaming starts on), so that memory serves the reads of one row beside the writes
+ * of the other, as it serves a copy, rather than a row of reads and then a row of writes. Every
+ * sum keeps its chunks and their order: the bits are those of one row at a time. The loop runs
+ * j over the chunks: first-pass chunk [j C, j C + C) and second-pass elements [a, lo + j C + C). */
+#ifndef RMS_FUSE_MIN
+#define RMS_FUSE_MIN 4096
+#endif
+#define RMS_FUSED(rb, m) (RMS_NT && (rb) >= RMS_FUSE_MIN && (rb) <= RMS_AHEAD_MAX && (m) > 1)
+#define RMS_FUSE_LOOP(p, k, SUM, PART)                                                     \
+    for (size_t c0_ = 0, a_ = 0; a_ < (k) || c0_ < (k); c0_ += RMS_CHUNK) {                \
+        const size_t b_ = (p).lo + c0_ + RMS_CHUNK < (k) ? (p).lo + c0_ + RMS_CHUNK : (k); \
+        if (c0_ < (k))                                                                     \
+            SUM(c0_);                                                                      \
+        if (a_ < b_)                                                                       \
+            PART(a_, b_);                                                                  \
+        a_ = b_;                                                                           \
+    }
+
 /* Rows of fewer than RMS_BLOCK_BYTES go in blocks (at most RMS_BLOCK rows of at most that many
  * bytes together): the first passes of a block's rows, then their second passes, so that the
  * core overlaps one row's reduction, square root and division with the next rows' (a short row
@@ -459,11 +553,57 @@ RMS_INLINE int FN(stream_rows)(const void *o, ptrdiff_t os, size_t k) {
 
 /* ---------------------------------------------------------------- forward and add */
 
+/* The forward and the add of RMS_FUSED rows with streamed outputs (see RMS_FUSE_MIN). The
+ * 16-bit add of rows of up to RMS_STAGE elements stages h as fwd_loop does, in two buffers: the
+ * row being summed stores its h in one while the other's is streamed out and scaled. */
+RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
+                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
+                              size_t k, double eps, T *buf, const int hasr, const int hasw,
+                              const int before) {
+    const size_t d = FN(ahead)(k * sizeof(T));
+    const int staged = hasr && sizeof(T) < sizeof(C) && k <= RMS_STAGE;
+    T *sb[2] = {buf, buf + RMS_STAGE};
+    double ss = FN(reduce)(x, r, NULL, (C)1, staged ? sb[0] : NULL, k, x, x, hasr, NULL);
+    for (size_t i = 0; i < m; i++) {
+        const T *xr = x + (ptrdiff_t)i * xs, *xn = i + 1 < m ? xr + xs : NULL;
+        const T *rr = hasr ? r + (ptrdiff_t)i * rs : NULL, *rn = hasr ? rr + rs : NULL;
+        T *yr = y + (ptrdiff_t)i * ys, *hr = hasr ? h + (ptrdiff_t)i * hs : NULL;
+        T *sr = sb[i & 1], *sn = sb[(i + 1) & 1];
+        const C rc = staged ? FN(rstd)(ss, sr, NULL, k, eps) : FN(rstd)(ss, xr, rr, k, eps);
+        const V vr = V_SET(rc);
+        rstd[i] = rc;
+        /* the rows d past the one being summed */
+        const T *pf = xn && i + 1 + d < m ? xn + (ptrdiff_t)d * xs : NULL;
+        const T *pr = hasr && pf ? rn + (ptrdiff_t)d * rs : pf;
+        const rms_plan p = FN(plan_pass)(yr, hasr ? hr : yr, k, 1);
+        double t = 0.0;
+#define RMS_SUM(c0)                                                                        \
+    do {                                                                                   \
+        if (xn)                                                                            \
+            t += FN(chunk_sum)(xn, rn, NULL, (C)1, staged ? sn : NULL, k, xn, xn, hasr, (c0)); \
+    } while (0)
+#define RMS_PART(a, b)                                                                     \
+    do {                                                                                   \
+        if (staged)                                                                        \
+            RMS_PASS_PART(FN(scale_range), p, a, b, sr, NULL, hr, yr, w, vr, pf, pr, 2, hasw,  \
+                          before);                                                         \
+        else                                                                               \
+            RMS_PASS_PART(FN(scale_range), p, a, b, xr, rr, hr, yr, w, vr, pf, pr, hasr, hasw, \
+                          before);                                                         \
+    } while (0)
+        RMS_FUSE_LOOP(p, k, RMS_SUM, RMS_PART)
+#undef RMS_SUM
+#undef RMS_PART
+        ss = t;
+    }
+}
+
 RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                              size_t k, double eps, int stream, const int hasr, const int hasw,
                              const int before) {
     const size_t rb = k * sizeof(T), d = FN(ahead)(rb), nb = RMS_BLOCK_ROWS(rb);
+
     /* The add with cached outputs: the first pass stores h = round(x + r) as it sums (h may be
      * x or r, each element written after it was read), and the second pass scales h, so that
      * neither the add nor its rounding is done twice. Streamed outputs keep the recomputation:
@@ -474,7 +614,11 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
      * instead (the first pass stores it, the second streams it to h and scales it); a block's
      * rows (RMS_BLOCK_BYTES in all) one after another. Wider types recompute h: without a
      * rounding to spare, the buffer's traffic costs more than the add. */
-    T buf[hasr && stream && narrow ? RMS_STAGE : 1];
+    T buf[hasr && stream && narrow ? 2 * RMS_STAGE : 1];
+    if (stream && RMS_FUSED(rb, m)) {
+        FN(fwd_fused)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, buf, hasr, hasw, before);
+        return;
+    }
     double ss[RMS_BLOCK];
     for (size_t i0 = 0; i0 < m; i0 += nb) {
         const size_t cnt = m - i0 < nb ? m - i0 : nb;
@@ -576,10 +720,53 @@ static void FN(scale)(const void *x, void *y, const void *w, double rstd, size_t
 
 /* ---------------------------------------------------------------- backward */
 
+/* The backward of RMS_FUSED rows with streamed outputs (see RMS_FUSE_MIN). */
+RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
+                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m,
+                              size_t k, int store, const int hasw, const int hasdg) {
+    const size_t d = FN(ahead)(k * sizeof(T));
+    const int kind = hasw ? 2 + hasw : 2;
+    double s = FN(reduce)(dy, x, w, rstd[0], NULL, k, dy, x, kind, NULL);
+    for (size_t i = 0; i < m; i++) {
+        const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
+        const T *dyn = i + 1 < m ? dyr + dys : NULL, *xn = xr + xs;
+        T *dxr = dx + (ptrdiff_t)i * dxs;
+        const V vr = V_SET(rstd[i]), vnc = V_SET(-(C)rms_bwd_c(s, k));
+        const C rn = i + 1 < m ? rstd[i + 1] : (C)0;
+        /* the rows d past the one being summed */
+        const T *pdy = dyn && i + 1 + d < m ? dyn + (ptrdiff_t)d * dys : NULL;
+        const T *px = pdy ? xn + (ptrdiff_t)d * xs : NULL;
+        const rms_plan p = FN(plan_pass)(dxr, dxr, k, 1);
+        double t = 0.0;
+#define RMS_SUM(c0)                                                                        \
+    do {                                                                                   \
+        if (dyn)                                                                           \
+            t += FN(chunk_sum)(dyn, xn, w, rn, NULL, k, dyn, xn, kind, (c0));              \
+    } while (0)
+#define RMS_PART(a, b)                                                                     \
+    do {                                                                                   \
+        if (hasdg && i == 0 && store)                                                      \
+            RMS_PASS_PART(FN(bwd_range), p, a, b, dyr, xr, w, dxr, dg, vr, vnc, pdy, px, hasw, \
+                          2);                                                              \
+        else                                                                               \
+            RMS_PASS_PART(FN(bwd_range), p, a, b, dyr, xr, w, dxr, dg, vr, vnc, pdy, px, hasw, \
+                          hasdg);                                                          \
+    } while (0)
+        RMS_FUSE_LOOP(p, k, RMS_SUM, RMS_PART)
+#undef RMS_SUM
+#undef RMS_PART
+        s = t;
+    }
+}
+
 RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t xs, T *dx,
                              ptrdiff_t dxs, const void *w, const C *rstd, C *dg, size_t m,
                              size_t k, int stream, int store, const int hasw, const int hasdg) {
     const size_t rb = k * sizeof(T), d = FN(ahead)(rb), nb = RMS_BLOCK_ROWS(rb);
+    if (stream && RMS_FUSED(rb, m)) {
+        FN(bwd_fused)(dy, dys, x, xs, dx, dxs, w, rstd, dg, m, k, store, hasw, hasdg);
+        return;
+    }
     double s[RMS_BLOCK];
     for (size_t i0 = 0; i0 < m; i0 += nb) {
         const size_t cnt = m - i0 < nb ? m - i0 : nb;
@@ -710,7 +897,9 @@ static void FN(narrow)(const void *src, void *dst, size_t n) {
 #undef V_ST
 #undef V_STP
 #undef V_STNT
-#undef V_STNT2
+#undef V_PK2
+#undef V_PK2_PLAIN
+#undef V_SQ2
 #undef V_RND
 #undef S_LD
 #undef S_RND

@@ -5,6 +5,8 @@
 
 #define RMS_NT 0
 #define RMS_PF 0
+/* no constant-length row loops: one element a "vector" gains nothing from them */
+#define RMS_KCONST 0
 #define W 1
 #define V_FENCE() ((void)0)
 #define V_SET(s) (s)
