@@ -10,6 +10,8 @@
  *                       one register, and such a register stored (nt: non-temporally, p aligned
  *                       to it): where two vectors of the storage type fit a register
  *   V_RND(v)            v rounded through the storage type and back
+ *   V_SQ2(acc, p)       (optional) acc + the squares of the 2 * W storage elements at p, added
+ *                       pairwise into W lanes (see FN(sq2_chunk))
  *   VC_LD, VC_LDP, VC_ST, VC_STP   the same for compute-type arrays (w, dg)
  *   V_SET, V_ADD, V_SUB, V_MUL, V_FMA(a, b, c) = a * b + c
  *   A, A_ZERO, A_ACC(l, h, v), A_SUM(l, h)  float64 accumulators: l, h += v widened
