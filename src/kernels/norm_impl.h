@@ -212,37 +212,38 @@ RMS_INLINE double FN(sq2_chunk)(const T *a, size_t n) {
 }
 #endif
 
-/* A row's sum as the sum, left to right, of its RMS_CHUNK-element chunks, each reduced from
- * fresh accumulators: a row split across threads at chunk bounds (the driver) adds the same
- * chunk sums in the same order, so its bits do not depend on the thread count. parts, when not
- * NULL, receives each chunk's sum. */
 /* The sum of the chunk of a row of n elements that starts at c0 */
 RMS_INLINE double FN(chunk_sum)(const T *a, const T *b, const void *w, C r, T *h, size_t n,
                                 const T *pa, const T *pb, const int kind, size_t c0) {
     size_t len = n - c0 < RMS_CHUNK ? n - c0 : RMS_CHUNK;
     const void *wc = !w ? w : kind == 4 ? (const void *)((const T *)w + c0)
                                         : (const void *)((const C *)w + c0);
-    double cs;
 #if defined(V_SQ2)
     if (kind == 1) { /* h = round(x + r) first (here when not stored), then kind 0's sum of it,
                       * so that the add's rstd has the bits rms_norm gives h */
         T tmp[RMS_CHUNK];
         T *hc = h ? h + c0 : tmp;
+#define RMS_H(i, t) STX(hc + (i), V_ADD(LDX(a + c0 + (i), t), LDX(b + c0 + (i), t)), t, 0)
         size_t i = 0;
         for (; i + W <= len; i += W)
-            V_ST(hc + i, V_ADD(V_LD(a + c0 + i), V_LD(b + c0 + i)));
+            RMS_H(i, W);
         if (i < len)
-            V_STP(hc + i, V_ADD(V_LDP(a + c0 + i, len - i), V_LDP(b + c0 + i, len - i)), len - i);
+            RMS_H(i, len - i);
+#undef RMS_H
         return FN(chunk_sum)(hc, NULL, NULL, r, NULL, len, hc, hc, 0, 0);
     }
+    double cs;
     if (kind == 0 && (cs = FN(sq2_chunk)(a + c0, len)) >= RMS_SQ2_EXACT)
         return cs;
 #endif
-    cs = FN(reduce_chunk)(a + c0, b ? b + c0 : b, wc, r, h ? h + c0 : h, len, pa + c0, pb + c0,
-                          kind);
-    return cs;
+    return FN(reduce_chunk)(a + c0, b ? b + c0 : b, wc, r, h ? h + c0 : h, len, pa + c0,
+                            pb + c0, kind);
 }
 
+/* A row's sum as the sum, left to right, of its RMS_CHUNK-element chunks, each reduced from
+ * fresh accumulators: a row split across threads at chunk bounds (the driver) adds the same
+ * chunk sums in the same order, so its bits do not depend on the thread count. parts, when not
+ * NULL, receives each chunk's sum. */
 RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, T *h, size_t n,
                              const T *pa, const T *pb, const int kind, double *parts) {
     double total = 0.0;
@@ -324,15 +325,15 @@ RMS_INLINE void FN(scale_range)(const T *x, const T *r, T *h, T *y, const void *
         FN(pf_line)(pf, pf2, i, two);
 #if defined(V_PK2)
         if (nt || V_PK2_PLAIN) {
-        for (size_t j = 0; j < lv; j += 2) {
-            V h0, v0, h1, v1;
-            RMS_VAL(i + j * W, W, h0, v0);
-            RMS_VAL(i + (j + 1) * W, W, h1, v1);
-            if (hasr)
-                V_ST2R(h + i + j * W, V_PK2(h0, h1), nt);
-            V_ST2R(y + i + j * W, V_PK2(v0, v1), nt);
-        }
-        continue;
+            for (size_t j = 0; j < lv; j += 2) {
+                V h0, v0, h1, v1;
+                RMS_VAL(i + j * W, W, h0, v0);
+                RMS_VAL(i + (j + 1) * W, W, h1, v1);
+                if (hasr)
+                    V_ST2R(h + i + j * W, V_PK2(h0, h1), nt);
+                V_ST2R(y + i + j * W, V_PK2(v0, v1), nt);
+            }
+            continue;
         }
 #endif
         for (size_t j = 0; j < lv; j++)
@@ -568,7 +569,7 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
     double ss = FN(reduce)(x, r, NULL, (C)1, staged ? sb[0] : NULL, k, x, x, hasr, NULL);
     for (size_t i = 0; i < m; i++) {
         const T *xr = x + (ptrdiff_t)i * xs, *xn = i + 1 < m ? xr + xs : NULL;
-        const T *rr = hasr ? r + (ptrdiff_t)i * rs : NULL, *rn = hasr ? rr + rs : NULL;
+        const T *rr = hasr ? r + (ptrdiff_t)i * rs : NULL, *rn = hasr && xn ? rr + rs : NULL;
         T *yr = y + (ptrdiff_t)i * ys, *hr = hasr ? h + (ptrdiff_t)i * hs : NULL;
         T *sr = sb[i & 1], *sn = sb[(i + 1) & 1];
         const C rc = staged ? FN(rstd)(ss, sr, NULL, k, eps) : FN(rstd)(ss, xr, rr, k, eps);
@@ -585,14 +586,11 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
             t += FN(chunk_sum)(xn, rn, NULL, (C)1, staged ? sn : NULL, k, xn, xn, hasr, (c0)); \
     } while (0)
 #define RMS_PART(a, b)                                                                     \
-    do {                                                                                   \
-        if (staged)                                                                        \
-            RMS_PASS_PART(FN(scale_range), p, a, b, sr, NULL, hr, yr, w, vr, pf, pr, 2, hasw,  \
-                          before);                                                         \
-        else                                                                               \
-            RMS_PASS_PART(FN(scale_range), p, a, b, xr, rr, hr, yr, w, vr, pf, pr, hasr, hasw, \
-                          before);                                                         \
-    } while (0)
+    RMS_IF(staged,                                                                         \
+           RMS_PASS_PART(FN(scale_range), p, a, b, sr, NULL, hr, yr, w, vr, pf, pr, 2, hasw,   \
+                         before),                                                          \
+           RMS_PASS_PART(FN(scale_range), p, a, b, xr, rr, hr, yr, w, vr, pf, pr, hasr, hasw,  \
+                         before))
         RMS_FUSE_LOOP(p, k, RMS_SUM, RMS_PART)
 #undef RMS_SUM
 #undef RMS_PART
@@ -605,7 +603,6 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
                              size_t k, double eps, int stream, const int hasr, const int hasw,
                              const int before) {
     const size_t rb = k * sizeof(T), d = FN(ahead)(rb), nb = RMS_BLOCK_ROWS(rb);
-
     /* The add with cached outputs: the first pass stores h = round(x + r) as it sums (h may be
      * x or r, each element written after it was read), and the second pass scales h, so that
      * neither the add nor its rounding is done twice. Streamed outputs keep the recomputation:
@@ -731,7 +728,7 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
     double s = FN(reduce)(dy, x, w, rstd[0], NULL, k, dy, x, kind, NULL);
     for (size_t i = 0; i < m; i++) {
         const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
-        const T *dyn = i + 1 < m ? dyr + dys : NULL, *xn = xr + xs;
+        const T *dyn = i + 1 < m ? dyr + dys : NULL, *xn = dyn ? xr + xs : NULL;
         T *dxr = dx + (ptrdiff_t)i * dxs;
         const V vr = V_SET(rstd[i]), vnc = V_SET(-(C)rms_bwd_c(s, k));
         const C rn = i + 1 < m ? rstd[i + 1] : (C)0;
@@ -746,14 +743,10 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
             t += FN(chunk_sum)(dyn, xn, w, rn, NULL, k, dyn, xn, kind, (c0));              \
     } while (0)
 #define RMS_PART(a, b)                                                                     \
-    do {                                                                                   \
-        if (hasdg && i == 0 && store)                                                      \
-            RMS_PASS_PART(FN(bwd_range), p, a, b, dyr, xr, w, dxr, dg, vr, vnc, pdy, px, hasw, \
-                          2);                                                              \
-        else                                                                               \
-            RMS_PASS_PART(FN(bwd_range), p, a, b, dyr, xr, w, dxr, dg, vr, vnc, pdy, px, hasw, \
-                          hasdg);                                                          \
-    } while (0)
+    RMS_IF(hasdg && i == 0 && store,                                                       \
+           RMS_PASS_PART(FN(bwd_range), p, a, b, dyr, xr, w, dxr, dg, vr, vnc, pdy, px, hasw, 2), \
+           RMS_PASS_PART(FN(bwd_range), p, a, b, dyr, xr, w, dxr, dg, vr, vnc, pdy, px, hasw,  \
+                         hasdg))
         RMS_FUSE_LOOP(p, k, RMS_SUM, RMS_PART)
 #undef RMS_SUM
 #undef RMS_PART
