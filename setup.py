@@ -119,6 +119,11 @@ class BuildExt(build_ext):
         # alone also take RMSNORM_KERNEL_CFLAGS (the sanitizer build's lighter checks there).
         jobs = min(len(ext.sources), os.cpu_count() or 1)
         kernel_flags = os.environ.get("RMSNORM_KERNEL_CFLAGS", "").split()
+        # No loop unswitching in the kernels: it copied each row sum's loop for the first pass's
+        # prefetch test (a pointer known at run time), 4% of the kernels' text for no measured
+        # speed (benchmarks/NOTES.md).
+        if compiles(self.compiler, "int f(void){return 0;}\n", ["-fno-unswitch-loops", "-Werror"]):
+            kernel_flags = ["-fno-unswitch-loops"] + kernel_flags
         if not hasattr(self.compiler, "_rms_serial_compile"):
             serial = self.compiler.compile
             self.compiler._rms_serial_compile = serial

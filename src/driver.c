@@ -314,11 +314,38 @@ static size_t row_pitch(size_t bytes) {
     return (bytes + RMS_PAGE - 1) / RMS_PAGE * RMS_PAGE + RMS_PAGE;
 }
 
-static char *scratch_rows(size_t n, size_t bytes) {
-    void *p = NULL;
-    if (n == 0 || posix_memalign(&p, RMS_PAGE, n * row_pitch(bytes)))
+/* Scratch memory (dgamma's partial rows, widened weights), page-aligned. glibc maps a large
+ * block afresh and unmaps it when freed, so every call would fault in zeroed pages again, which
+ * for one long row took several times the kernels' own time (benchmarks/NOTES.md); the last
+ * block freed, up to RMS_KEEP_MAX bytes, is kept for the next call instead. Each block carries
+ * its size in the page before it. */
+#define RMS_KEEP_MAX ((size_t)64 << 20)
+static char *kept;
+
+static void *scratch_get(size_t bytes) {
+    char *b = __atomic_exchange_n(&kept, NULL, __ATOMIC_ACQ_REL);
+    if (b && *(size_t *)b >= bytes)
+        return b + RMS_PAGE;
+    free(b);
+    void *p;
+    if (bytes > SIZE_MAX - RMS_PAGE || posix_memalign(&p, RMS_PAGE, bytes + RMS_PAGE))
         return NULL;
-    return p;
+    *(size_t *)p = bytes;
+    return (char *)p + RMS_PAGE;
+}
+
+static void scratch_put(void *q) {
+    if (!q)
+        return;
+    char *b = (char *)q - RMS_PAGE;
+    if (*(size_t *)b > RMS_KEEP_MAX)
+        free(b);
+    else
+        free(__atomic_exchange_n(&kept, b, __ATOMIC_ACQ_REL));
+}
+
+static char *scratch_rows(size_t n, size_t bytes) {
+    return n ? scratch_get(n * row_pitch(bytes)) : NULL;
 }
 
 /* A 16-bit weight of x's dtype (offset 0) goes to the kernels as it is (RMS_W_STORAGE) for
@@ -330,7 +357,7 @@ static char *scratch_rows(size_t n, size_t bytes) {
 #define RMS_W_AS_IS_K 8192
 
 /* The weights as the kernels read them: *out, with RMS_W_STORAGE in *flags where they are x's
- * 16-bit type, else the compute type with the offset added; *own is a row to free, or NULL.
+ * 16-bit type, else the compute type with the offset added; *own is a row for scratch_put, or NULL.
  * Returns -1 when it cannot be allocated. */
 static int kernel_weights(const rms_isa_table *isa, int dtype, const void *w, int w_dtype,
                           double offset, size_t m, size_t k, int nthreads, int bwd,
@@ -344,7 +371,7 @@ static int kernel_weights(const rms_isa_table *isa, int dtype, const void *w, in
         *flags |= RMS_W_STORAGE;
         return 0;
     }
-    if (!(*own = malloc(k * csize(dtype) + 64)))
+    if (!(*own = scratch_get(k * csize(dtype) + 64)))
         return -1;
     rms_convert(&isa->k[w_dtype], w_dtype, w, *own, offset, k, 1, nthreads);
     *out = *own;
@@ -538,7 +565,7 @@ int rms_forward(const rms_isa_table *isa, const rms_fwd_args *a, int nthreads,
     if (rc == 0)
         run_team(nt, j->by_rows ? 1 : 3, fwd_phase, fwd_skip, j, pool);
     free(j->parts);
-    free(own_w);
+    scratch_put(own_w);
     free(j);
     return rc;
 }
@@ -624,7 +651,7 @@ typedef struct {
     char *rows;      /* members' rows: `stack` each (whole leaves), or one a leaf */
     char **node;     /* [2 * leaves]: each finished node's row, or NULL */
     double *dots;    /* [leaves x dots_n x chunks of a row]: split leaves' chunk sums */
-    void *dg;        /* dgamma in the compute type (a->dgamma, or a row of ours) */
+    char *dg;        /* one leaf with dgamma in the compute type: a->dgamma, its row */
 } dg_job;
 
 static void rows_add(void *dst, const void *src, size_t c0, size_t c1, int f64) {
@@ -656,20 +683,19 @@ static void dg_leaves(dg_job *j, int t, int nt) {
     const rms_bwd_args *a = j->a;
     size_t es = rms_esize(a->dtype), cs = csize(a->dtype), lo, hi;
     int f64 = a->dtype == RMS_F64;
-    char *mine = j->rows + (size_t)t * j->stack * j->pitch;
     char *free_rows[RMS_STACK];
     int nfree = 0, depth = 0;
     struct {
         size_t id; /* the heap index of the node */
         char *row;
     } stack[RMS_STACK];
-    for (int i = (int)j->stack - 1; i >= 0; i--)
-        free_rows[nfree++] = mine + (size_t)i * j->pitch;
+    for (int i = (int)j->stack - 1; i >= 0 && !j->dg; i--) /* j->dg: no rows of ours */
+        free_rows[nfree++] = j->rows + ((size_t)t * j->stack + (size_t)i) * j->pitch;
     chunk(j->leaves, t, nt, 1, &lo, &hi);
     for (size_t leaf = lo; leaf < hi; leaf++) {
         size_t r0, r1;
         leaf_rows(j, leaf, &r0, &r1);
-        char *row = free_rows[--nfree];
+        char *row = j->dg ? j->dg : free_rows[--nfree];
         j->kt->bwd(AT(a->dy, r0, a->dys, 0, es), a->dys, AT(a->x, r0, a->xs, 0, es), a->xs,
                    AT(a->dx, r0, a->dxs, 0, es), a->dxs, j->w, (const char *)a->rstd + r0 * cs,
                    row, r1 - r0, a->k, j->flags | RMS_DG_STORE);
@@ -697,7 +723,7 @@ static void dg_split_leaf(dg_job *j, size_t leaf, int t, int t0, int t1, int pha
     int f64 = a->dtype == RMS_F64;
     leaf_rows(j, leaf, &r0, &r1);
     chunk(a->k, t - t0, t1 - t0, RMS_CHUNK, &c0, &c1);
-    char *row = j->rows + leaf * j->pitch;
+    char *row = j->dg ? j->dg : j->rows + leaf * j->pitch;
     const char *w = j->w ? (const char *)j->w + c0 * wbytes(a->dtype, j->flags) : NULL;
     size_t nch = nchunks(a->k);
     for (size_t i = r0; i < r1; i++) {
@@ -715,7 +741,8 @@ static void dg_split_leaf(dg_job *j, size_t leaf, int t, int t0, int t1, int pha
         if (c1 > c0)
             j->kt->bwd_piece(AT(a->dy, i, a->dys, c0, es), AT(a->x, i, a->xs, c0, es), w,
                              AT(a->dx, i, a->dxs, c0, es), r, f64 ? c : (double)(float)c,
-                             row + c0 * cs, c1 - c0, j->flags | (i == r0 ? RMS_DG_STORE : 0));
+                             row + c0 * (j->flags & RMS_DG_NARROW ? es : cs), c1 - c0,
+                             j->flags | (i == r0 ? RMS_DG_STORE : 0));
     }
     if (phase == 1 && t == t0)
         j->node[j->leaves + leaf] = row;
@@ -753,6 +780,8 @@ static void dg_phase(void *job, int t, int nt, int phase) {
     if (c1 <= c0)
         return;
     const char *sum = dg_eval(j, 1, c0, c1, f64);
+    if (sum == j->dg) /* the leaf's row was dgamma */
+        return;
     if (a->dg_dtype == compute_dtype(a->dtype))
         memcpy((char *)a->dgamma + c0 * cs, sum + c0 * cs, (c1 - c0) * cs);
     else
@@ -776,17 +805,26 @@ static int bwd_dgamma(const rms_isa_table *isa, const rms_bwd_args *a, const voi
     size_t stack = (leaves + (size_t)nt - 1) / (size_t)nt + 1;
     dg_job j = {&isa->k[a->dtype], isa, a, w, flags, leaves, row_pitch(a->k * cs), 0,
                 stack < RMS_STACK ? stack : RMS_STACK, NULL, NULL, NULL, NULL};
-    size_t nrows = (size_t)nt <= leaves ? (size_t)nt * j.stack : leaves;
+    /* one leaf (fewer than 2 * RMS_LEAF_ROWS rows) sums straight into dgamma where it is in
+     * the compute type, and one row of a 16-bit type rounds its terms into dgamma of that type
+     * (RMS_DG_NARROW): no row of ours to copy out or round, which for one long row costs as much
+     * as its dx (benchmarks/NOTES.md) */
+    int narrow = a->m == 1 && a->dg_dtype == a->dtype && cs > rms_esize(a->dtype);
+    if (leaves == 1 && (narrow || a->dg_dtype == compute_dtype(a->dtype)))
+        j.dg = a->dgamma;
+    if (narrow)
+        j.flags |= RMS_DG_NARROW;
+    size_t nrows = j.dg ? 0 : (size_t)nt <= leaves ? (size_t)nt * j.stack : leaves;
     j.dots_n = (size_t)nt > leaves ? (a->m + leaves - 1) / leaves : 0;
     j.rows = scratch_rows(nrows, a->k * cs);
     j.node = calloc(2 * leaves, sizeof *j.node);
     j.dots = j.dots_n ? malloc(leaves * j.dots_n * nchunks(a->k) * sizeof(double)) : NULL;
     int rc = -1;
-    if (j.rows && j.node && (j.dots || !j.dots_n)) {
+    if ((j.rows || !nrows) && j.node && (j.dots || !j.dots_n)) {
         run_team(nt, 3, dg_phase, dg_skip, &j, pool);
         rc = 0;
     }
-    free(j.rows);
+    scratch_put(j.rows);
     free(j.node);
     free(j.dots);
     return rc;
@@ -825,7 +863,7 @@ int rms_backward(const rms_isa_table *isa, const rms_bwd_args *a, int nthreads,
         rc = j && rc == 0 ? 0 : -1;
         free(j);
     }
-    free(own_w);
+    scratch_put(own_w);
     return rc;
 }
 

@@ -20,7 +20,9 @@ enum {
     RMS_CAST_BEFORE = 1, /* y = round(x * rstd) * w rather than round(x * rstd * w) */
     RMS_STREAM = 2,      /* outputs bypass the cache (non-temporal stores) where aligned */
     RMS_DG_STORE = 4,    /* backward: the first row stores its dgamma terms, later rows add */
-    RMS_W_STORAGE = 8    /* w holds x's storage type, not the compute type */
+    RMS_W_STORAGE = 8,   /* w holds x's storage type, not the compute type */
+    RMS_DG_NARROW = 16   /* backward of one row with RMS_DG_STORE: dg holds x's storage type,
+                          * each term rounded to it as it is stored */
 };
 
 /* Pointers are void so that one table type serves every dtype. x, r, h, y, dy, dx hold the

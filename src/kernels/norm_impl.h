@@ -40,13 +40,16 @@
         else                                                                               \
             b;                                                                             \
     } while (0)
-/* How far ahead the first pass prefetches: the row that starts RMS_AHEAD bytes on (at least
- * the next row), while rows are at most RMS_AHEAD_MAX bytes (longer rows are split or left to
- * the hardware's own prefetcher, which follows one long stream well). */
+/* How far ahead the passes prefetch: the row that starts RMS_AHEAD bytes on (at least the next
+ * row), while rows are at most RMS_AHEAD_MAX bytes (longer rows are split or left to the
+ * hardware's own prefetcher, which follows one long stream well). */
 #define RMS_AHEAD 8192
 #define RMS_AHEAD_MAX (256 * 1024)
-#ifndef RMS_PF2
-#define RMS_PF2 1
+/* Where the data outgrow the cache (streamed outputs), the first pass prefetches the rows
+ * ahead too, so that memory is kept busy through both passes; RMS_PF1 0 builds without, for the
+ * A/B in benchmarks/NOTES.md. */
+#ifndef RMS_PF1
+#define RMS_PF1 1
 #endif
 /* Vectors a line holds (at least one) */
 #define RMS_LV(T, W) (RMS_LINE / ((W) * sizeof(T)) ? RMS_LINE / ((W) * sizeof(T)) : 1)
@@ -110,7 +113,7 @@ RMS_INLINE void FN(pf4)(const T *p) {
  * so that memory fetches the next rows while the core computes this one. */
 RMS_INLINE void FN(pf_line)(const T *pf, const T *pf2, size_t i, const int two) {
 #if RMS_PF
-    if (RMS_PF2 && pf) {
+    if (pf) {
         __builtin_prefetch(pf + i, 0, 2);
         if (two)
             __builtin_prefetch(pf2 + i, 0, 2);
@@ -125,8 +128,9 @@ RMS_INLINE void FN(pf_line)(const T *pf, const T *pf2, size_t i, const int two) 
 
 /* ---------------------------------------------------------------- reductions
  * kind: 0 sum x^2; 1 sum round(x + r)^2 (h stored when h is not NULL); 2 sum a * (b * r); 3
- * (4: w in the storage type) sum (a * w) * (b * r): the backward's dy * w * xhat, with xhat formed first so that rows of
- * huge x do not overflow. pa, pb: the rows ahead to prefetch (the row itself when there is none). */
+ * (4: w in the storage type) sum (a * w) * (b * r): the backward's dy * w * xhat, with xhat
+ * formed first so that rows of huge x do not overflow. pa, pb: the rows ahead to prefetch
+ * (NULL: none). */
 RMS_INLINE V FN(term)(V acc, const T *a, const T *b, const void *w, V vr, T *h, size_t i,
                       const size_t t, const int kind) {
     V u = LDX(a + i, t);
@@ -161,7 +165,7 @@ RMS_INLINE double FN(reduce_chunk)(const T *a, const T *b, const void *w, C r, T
     while (i + 4 * W <= n) {
         V s0 = z, s1 = z, s2 = z, s3 = z;
         for (int it = 0; it < RMS_FLUSH && i + 4 * W <= n; it++, i += 4 * W) {
-            if (!RMS_PF2) {
+            if (RMS_PF1 && pa) {
                 FN(pf4)(pa + i);
                 if (kind != 0)
                     FN(pf4)(pb + i);
@@ -188,13 +192,17 @@ RMS_INLINE double FN(reduce_chunk)(const T *a, const T *b, const void *w, C r, T
  * smallest normal, 2^-126, a product, so a chunk whose sum is at least RMS_SQ2_EXACT (2^24 times
  * RMS_CHUNK such losses) is within float32's rounding; a smaller one is summed again exactly. */
 #define RMS_SQ2_EXACT 0x1p-92
-RMS_INLINE double FN(sq2_chunk)(const T *a, size_t n) {
+RMS_INLINE double FN(sq2_chunk)(const T *a, size_t n, const T *pa) {
     A l = A_ZERO, hi = A_ZERO;
     const V z = V_SET((C)0);
     size_t i = 0;
     while (i + 8 * W <= n) {
         V s0 = z, s1 = z, s2 = z, s3 = z;
         for (int it = 0; it < RMS_FLUSH / 2 && i + 8 * W <= n; it++, i += 8 * W) {
+            if (RMS_PF1 && pa) {
+                FN(pf4)(pa + i);
+                FN(pf4)(pa + i + 4 * W);
+            }
             s0 = V_SQ2(s0, a + i);
             s1 = V_SQ2(s1, a + i + 2 * W);
             s2 = V_SQ2(s2, a + i + 4 * W);
@@ -225,19 +233,24 @@ RMS_INLINE double FN(chunk_sum)(const T *a, const T *b, const void *w, C r, T *h
         T *hc = h ? h + c0 : tmp;
 #define RMS_H(i, t) STX(hc + (i), V_ADD(LDX(a + c0 + (i), t), LDX(b + c0 + (i), t)), t, 0)
         size_t i = 0;
-        for (; i + W <= len; i += W)
+        for (; i + W <= len; i += W) {
+            if (RMS_PF1 && pa && i % (4 * W) == 0) {
+                FN(pf4)(pa + c0 + i);
+                FN(pf4)(pb + c0 + i);
+            }
             RMS_H(i, W);
+        }
         if (i < len)
             RMS_H(i, len - i);
 #undef RMS_H
-        return FN(chunk_sum)(hc, NULL, NULL, r, NULL, len, hc, hc, 0, 0);
+        return FN(chunk_sum)(hc, NULL, NULL, r, NULL, len, NULL, NULL, 0, 0);
     }
     double cs;
-    if (kind == 0 && (cs = FN(sq2_chunk)(a + c0, len)) >= RMS_SQ2_EXACT)
+    if (kind == 0 && (cs = FN(sq2_chunk)(a + c0, len, pa ? pa + c0 : pa)) >= RMS_SQ2_EXACT)
         return cs;
 #endif
-    return FN(reduce_chunk)(a + c0, b ? b + c0 : b, wc, r, h ? h + c0 : h, len, pa + c0,
-                            pb + c0, kind);
+    return FN(reduce_chunk)(a + c0, b ? b + c0 : b, wc, r, h ? h + c0 : h, len,
+                            pa ? pa + c0 : pa, pa ? pb + c0 : pb, kind);
 }
 
 /* A row's sum as the sum, left to right, of its RMS_CHUNK-element chunks, each reduced from
@@ -359,6 +372,8 @@ RMS_INLINE void FN(bwd_range)(const T *dy, const T *x, const void *w, T *dx, C *
             STCX(dg + (i), V_FMA(d, xh, LDCX(dg + (i), t)), t);                            \
         else if (dgm == 2)                                                                 \
             STCX(dg + (i), V_MUL(d, xh), t);                                               \
+        else if (dgm == 3) /* RMS_DG_NARROW */                                             \
+            STX((T *)dg + (i), V_MUL(d, xh), t, 0);                                        \
     } while (0)
 #define RMS_STEP(i, t)                                                                     \
     do {                                                                                   \
@@ -566,7 +581,7 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
     const size_t d = FN(ahead)(k * sizeof(T));
     const int staged = hasr && sizeof(T) < sizeof(C) && k <= RMS_STAGE;
     T *sb[2] = {buf, buf + RMS_STAGE};
-    double ss = FN(reduce)(x, r, NULL, (C)1, staged ? sb[0] : NULL, k, x, x, hasr, NULL);
+    double ss = FN(reduce)(x, r, NULL, (C)1, staged ? sb[0] : NULL, k, NULL, NULL, hasr, NULL);
     for (size_t i = 0; i < m; i++) {
         const T *xr = x + (ptrdiff_t)i * xs, *xn = i + 1 < m ? xr + xs : NULL;
         const T *rr = hasr ? r + (ptrdiff_t)i * rs : NULL, *rn = hasr && xn ? rr + rs : NULL;
@@ -583,7 +598,7 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
 #define RMS_SUM(c0)                                                                        \
     do {                                                                                   \
         if (xn)                                                                            \
-            t += FN(chunk_sum)(xn, rn, NULL, (C)1, staged ? sn : NULL, k, xn, xn, hasr, (c0)); \
+            t += FN(chunk_sum)(xn, rn, NULL, (C)1, staged ? sn : NULL, k, pf, pr, hasr, (c0)); \
     } while (0)
 #define RMS_PART(a, b)                                                                     \
     RMS_IF(staged,                                                                         \
@@ -624,7 +639,8 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
         for (size_t j = 0; j < cnt; j++) { /* the block's first passes */
             const size_t i = i0 + j, ahead = i + d < m ? d : 0;
             const T *xr = x + (ptrdiff_t)i * xs, *rr = hasr ? r + (ptrdiff_t)i * rs : NULL;
-            const T *px = xr + (ptrdiff_t)ahead * xs, *pr = hasr ? rr + (ptrdiff_t)ahead * rs : px;
+            const T *px = ahead && stream ? xr + (ptrdiff_t)ahead * xs : NULL;
+            const T *pr = hasr && px ? rr + (ptrdiff_t)ahead * rs : px;
             T *hr = !staged ? NULL : stream ? buf + j * k : h + (ptrdiff_t)i * hs;
             ss[j] = FN(reduce)(xr, rr, NULL, (C)1, hr, k, px, pr, hasr, NULL);
         }
@@ -693,8 +709,8 @@ static void FN(fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, vo
 static double FN(sumsq)(const void *x, const void *r, void *h, size_t n, double *parts) {
     const T *a = (const T *)x;
     if (r)
-        return FN(reduce)(a, (const T *)r, NULL, (C)1, (T *)h, n, a, a, 1, parts);
-    return FN(reduce)(a, NULL, NULL, (C)1, NULL, n, a, a, 0, parts);
+        return FN(reduce)(a, (const T *)r, NULL, (C)1, (T *)h, n, NULL, NULL, 1, parts);
+    return FN(reduce)(a, NULL, NULL, (C)1, NULL, n, NULL, NULL, 0, parts);
 }
 
 static void FN(scale)(const void *x, void *y, const void *w, double rstd, size_t n, int flags) {
@@ -725,7 +741,7 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
                               size_t k, int store, const int hasw, const int hasdg) {
     const size_t d = FN(ahead)(k * sizeof(T));
     const int kind = hasw ? 2 + hasw : 2;
-    double s = FN(reduce)(dy, x, w, rstd[0], NULL, k, dy, x, kind, NULL);
+    double s = FN(reduce)(dy, x, w, rstd[0], NULL, k, NULL, NULL, kind, NULL);
     for (size_t i = 0; i < m; i++) {
         const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
         const T *dyn = i + 1 < m ? dyr + dys : NULL, *xn = dyn ? xr + xs : NULL;
@@ -740,7 +756,7 @@ RMS_INLINE void FN(bwd_fused)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t 
 #define RMS_SUM(c0)                                                                        \
     do {                                                                                   \
         if (dyn)                                                                           \
-            t += FN(chunk_sum)(dyn, xn, w, rn, NULL, k, dyn, xn, kind, (c0));              \
+            t += FN(chunk_sum)(dyn, xn, w, rn, NULL, k, pdy, px, kind, (c0));              \
     } while (0)
 #define RMS_PART(a, b)                                                                     \
     RMS_IF(hasdg && i == 0 && store,                                                       \
@@ -768,7 +784,8 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
         for (size_t j = 0; j < cnt; j++) { /* the block's dot products */
             const size_t i = i0 + j, ahead = i + d < m ? d : 0;
             const T *dyr = dy + (ptrdiff_t)i * dys, *xr = x + (ptrdiff_t)i * xs;
-            const T *pdy = dyr + (ptrdiff_t)ahead * dys, *px = xr + (ptrdiff_t)ahead * xs;
+            const T *pdy = ahead && stream ? dyr + (ptrdiff_t)ahead * dys : NULL;
+            const T *px = pdy ? xr + (ptrdiff_t)ahead * xs : NULL;
             s[j] = hasw ? FN(reduce)(dyr, xr, w, rstd[i], NULL, k, pdy, px, 2 + hasw, NULL)
                         : FN(reduce)(dyr, xr, NULL, rstd[i], NULL, k, pdy, px, 2, NULL);
         }
@@ -789,9 +806,60 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
     }
 }
 
+/* unused: a table may take dot and widen from another instantiation of the same dtype (they
+ * store nothing, so a family that differs only in its stores shares them) */
+__attribute__((unused)) static double FN(dot)(const void *dy, const void *x, const void *w,
+                                              double rstd, size_t n, int flags, double *parts) {
+    const T *a = (const T *)dy, *b = (const T *)x;
+    if (w && RMS_HW(flags) == 2)
+        return FN(reduce)(a, b, w, (C)rstd, NULL, n, NULL, NULL, 4, parts);
+    if (w)
+        return FN(reduce)(a, b, w, (C)rstd, NULL, n, NULL, NULL, 3, parts);
+    return FN(reduce)(a, b, NULL, (C)rstd, NULL, n, NULL, NULL, 2, parts);
+}
+
+/* CALL(hw, hg) for the backward's weight (none, compute type, storage type: hw) and dgamma
+ * (accumulated: hg 1, or none), from the locals w, dg and hw */
+#define RMS_BWD_OPTS(CALL)                                                                 \
+    do {                                                                                   \
+        if (w && dg)                                                                       \
+            RMS_IF(hw == 2, CALL(2, 1), CALL(1, 1));                                       \
+        else if (w)                                                                        \
+            RMS_IF(hw == 2, CALL(2, 0), CALL(1, 0));                                       \
+        else                                                                               \
+            CALL(0, 0);                                                                    \
+    } while (0)
+
+static void FN(bwdp)(const void *dy, const void *x, const void *w, void *dx, double rstd,
+                     double c, void *dg, size_t n, int flags) {
+    const T *dyp = (const T *)dy, *xp = (const T *)x;
+    T *dxp = (T *)dx;
+    C *dgp = (C *)dg;
+    const V vr = V_SET((C)rstd), vnc = V_SET(-(C)c);
+    const int stream = (flags & RMS_STREAM) != 0, hw = RMS_HW(flags);
+#define RMS_CALL(hw, hg)                                                                   \
+    RMS_PASS(FN(bwd_range), dxp, dxp, n, stream, dyp, xp, w, dxp, dgp, vr, vnc, NULL, NULL, hw, \
+             hg)
+    if (sizeof(T) < sizeof(C) && w && dg && (flags & RMS_DG_NARROW))
+        RMS_IF(hw == 2, RMS_CALL(2, 3), RMS_CALL(1, 3));
+    else if (w && dg && (flags & RMS_DG_STORE))
+        RMS_IF(hw == 2, RMS_CALL(2, 2), RMS_CALL(1, 2));
+    else
+        RMS_BWD_OPTS(RMS_CALL);
+#undef RMS_CALL
+    if (stream)
+        V_FENCE();
+}
+
 static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, void *dx,
                     ptrdiff_t dxs, const void *w, const void *rstd, void *dg, size_t m,
                     size_t k, int flags) {
+    if (sizeof(T) < sizeof(C) && w && dg && (flags & RMS_DG_NARROW)) { /* one row */
+        const C r = ((const C *)rstd)[0];
+        FN(bwdp)(dy, x, w, dx, r, (C)rms_bwd_c(FN(dot)(dy, x, w, r, k, flags, NULL), k), dg, k,
+                 flags);
+        return;
+    }
     const int stream = (flags & RMS_STREAM) && FN(stream_rows)(dx, dxs, k);
     const int store = (flags & RMS_DG_STORE) != 0;
 #define RMS_CALL(hw, hg)                                                                   \
@@ -807,49 +875,9 @@ static void FN(bwd)(const void *dy, ptrdiff_t dys, const void *x, ptrdiff_t xs, 
     FN(bwd_loop)((const T *)dy, dys, (const T *)x, xs, (T *)dx, dxs, w, (const C *)rstd,   \
                  (C *)dg, m, kk, stream, store, hw, hg)
     const int hw = RMS_HW(flags);
-    if (w && dg)
-        RMS_IF(hw == 2, RMS_CALL(2, 1), RMS_CALL(1, 1));
-    else if (w)
-        RMS_IF(hw == 2, RMS_CALL(2, 0), RMS_CALL(1, 0));
-    else
-        RMS_CALL(0, 0);
+    RMS_BWD_OPTS(RMS_CALL);
 #undef RMS_CALL
 #undef RMS_CALLK
-    if (stream)
-        V_FENCE();
-}
-
-/* unused: a table may take dot and widen from another instantiation of the same dtype (they
- * store nothing, so a family that differs only in its stores shares them) */
-__attribute__((unused)) static double FN(dot)(const void *dy, const void *x, const void *w,
-                                              double rstd, size_t n, int flags, double *parts) {
-    const T *a = (const T *)dy, *b = (const T *)x;
-    if (w && RMS_HW(flags) == 2)
-        return FN(reduce)(a, b, w, (C)rstd, NULL, n, a, b, 4, parts);
-    if (w)
-        return FN(reduce)(a, b, w, (C)rstd, NULL, n, a, b, 3, parts);
-    return FN(reduce)(a, b, NULL, (C)rstd, NULL, n, a, b, 2, parts);
-}
-
-static void FN(bwdp)(const void *dy, const void *x, const void *w, void *dx, double rstd,
-                     double c, void *dg, size_t n, int flags) {
-    const T *dyp = (const T *)dy, *xp = (const T *)x;
-    T *dxp = (T *)dx;
-    C *dgp = (C *)dg;
-    const V vr = V_SET((C)rstd), vnc = V_SET(-(C)c);
-    const int stream = (flags & RMS_STREAM) != 0, hw = RMS_HW(flags);
-#define RMS_CALL(hw, hg)                                                                   \
-    RMS_PASS(FN(bwd_range), dxp, dxp, n, stream, dyp, xp, w, dxp, dgp, vr, vnc, NULL, NULL, hw, \
-             hg)
-    if (w && dg && (flags & RMS_DG_STORE))
-        RMS_IF(hw == 2, RMS_CALL(2, 2), RMS_CALL(1, 2));
-    else if (w && dg)
-        RMS_IF(hw == 2, RMS_CALL(2, 1), RMS_CALL(1, 1));
-    else if (w)
-        RMS_IF(hw == 2, RMS_CALL(2, 0), RMS_CALL(1, 0));
-    else
-        RMS_CALL(0, 0);
-#undef RMS_CALL
     if (stream)
         V_FENCE();
 }
@@ -884,6 +912,7 @@ static void FN(narrow)(const void *src, void *dst, size_t n) {
 #undef STX
 #undef STCX
 #undef RMS_PASS
+#undef RMS_BWD_OPTS
 #undef T
 #undef C
 #undef SFX
