@@ -651,7 +651,8 @@ typedef struct {
     char *rows;      /* members' rows: `stack` each (whole leaves), or one a leaf */
     char **node;     /* [2 * leaves]: each finished node's row, or NULL */
     double *dots;    /* [leaves x dots_n x chunks of a row]: split leaves' chunk sums */
-    char *dg;        /* one leaf with dgamma in the compute type: a->dgamma, its row */
+    char *dg;        /* one leaf summed straight into a->dgamma (compute type, or one row's
+                      * RMS_DG_NARROW): that row; else NULL */
 } dg_job;
 
 static void rows_add(void *dst, const void *src, size_t c0, size_t c1, int f64) {

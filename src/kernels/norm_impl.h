@@ -806,8 +806,9 @@ RMS_INLINE void FN(bwd_loop)(const T *dy, ptrdiff_t dys, const T *x, ptrdiff_t x
     }
 }
 
-/* unused: a table may take dot and widen from another instantiation of the same dtype (they
- * store nothing, so a family that differs only in its stores shares them) */
+/* A table may take dot and widen from another instantiation of the same dtype (they store
+ * nothing, so a family that differs only in its stores shares them); here dot serves FN(bwd)'s
+ * one-row RMS_DG_NARROW case too, and widen may go unused. */
 __attribute__((unused)) static double FN(dot)(const void *dy, const void *x, const void *w,
                                               double rstd, size_t n, int flags, double *parts) {
     const T *a = (const T *)dy, *b = (const T *)x;
