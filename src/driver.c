@@ -314,23 +314,45 @@ static size_t row_pitch(size_t bytes) {
     return (bytes + RMS_PAGE - 1) / RMS_PAGE * RMS_PAGE + RMS_PAGE;
 }
 
-/* Scratch memory (dgamma's partial rows, widened weights), page-aligned. glibc maps a large
- * block afresh and unmaps it when freed, so every call would fault in zeroed pages again, which
- * for one long row took several times the kernels' own time (benchmarks/NOTES.md); the last
- * block freed, up to RMS_KEEP_MAX bytes, is kept for the next call instead. Each block carries
- * its size in the page before it. */
+/* Scratch memory (dgamma's partial rows, widened weights, the add's staged h), page-aligned.
+ * glibc maps a large block afresh and unmaps it when freed, so every call would fault in zeroed
+ * pages again, which for one long row took several times the kernels' own time
+ * (benchmarks/NOTES.md); the last RMS_KEPT blocks freed, each up to RMS_KEEP_MAX bytes, are
+ * kept for the next calls instead (a call takes at most two: weights and dgamma's rows or the
+ * stage). Each block carries its size in the page before it. */
 #define RMS_KEEP_MAX ((size_t)64 << 20)
-static char *kept;
+#define RMS_KEPT 2
+static char *kept[RMS_KEPT];
+#define BLOCK_SIZE(b) (*(size_t *)(b))
 
+static void keep(char *b) {
+    for (int i = 0; i < RMS_KEPT; i++) {
+        char *none = NULL;
+        if (__atomic_compare_exchange_n(&kept[i], &none, b, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return;
+    }
+    free(__atomic_exchange_n(&kept[0], b, __ATOMIC_ACQ_REL));
+}
+
+/* The smallest kept block that is large enough, or a new one. */
 static void *scratch_get(size_t bytes) {
-    char *b = __atomic_exchange_n(&kept, NULL, __ATOMIC_ACQ_REL);
-    if (b && *(size_t *)b >= bytes)
-        return b + RMS_PAGE;
-    free(b);
+    char *b[RMS_KEPT];
+    int u = -1;
+    for (int i = 0; i < RMS_KEPT; i++) {
+        b[i] = __atomic_exchange_n(&kept[i], NULL, __ATOMIC_ACQ_REL);
+        if (b[i] && BLOCK_SIZE(b[i]) >= bytes && (u < 0 || BLOCK_SIZE(b[i]) < BLOCK_SIZE(b[u])))
+            u = i;
+    }
+    for (int i = 0; i < RMS_KEPT; i++)
+        if (i != u && b[i])
+            keep(b[i]);
+    if (u >= 0)
+        return b[u] + RMS_PAGE;
     void *p;
     if (bytes > SIZE_MAX - RMS_PAGE || posix_memalign(&p, RMS_PAGE, bytes + RMS_PAGE))
         return NULL;
-    *(size_t *)p = bytes;
+    BLOCK_SIZE(p) = bytes;
     return (char *)p + RMS_PAGE;
 }
 
@@ -338,10 +360,10 @@ static void scratch_put(void *q) {
     if (!q)
         return;
     char *b = (char *)q - RMS_PAGE;
-    if (*(size_t *)b > RMS_KEEP_MAX)
+    if (BLOCK_SIZE(b) > RMS_KEEP_MAX)
         free(b);
     else
-        free(__atomic_exchange_n(&kept, b, __ATOMIC_ACQ_REL));
+        keep(b);
 }
 
 static char *scratch_rows(size_t n, size_t bytes) {
@@ -468,6 +490,8 @@ typedef struct {
     const void *w;
     int flags, by_rows;
     double *parts; /* [2 x members x chunks of a row]: the pieces' chunk sums */
+    char *stage;   /* the streamed add's buf for each member (NULL: none), pitch bytes apart */
+    size_t pitch;
     share sh[];    /* one a member */
 } fwd_job;
 
@@ -514,7 +538,8 @@ static void fwd_phase(void *job, int t, int nt, int phase) {
                     a->r ? AT(a->r, s.r0, a->rs, 0, es) : NULL, a->rs,
                     a->r ? AT(a->h, s.r0, a->hs, 0, es) : NULL, a->hs,
                     AT(a->y, s.r0, a->ys, 0, es), a->ys, j->w, (char *)a->rstd + s.r0 * cs,
-                    s.r1 - s.r0, k, a->eps, j->flags);
+                    s.r1 - s.r0, k, a->eps, j->flags,
+                    j->stage ? j->stage + (size_t)t * j->pitch : NULL);
         return;
     }
     for (int i = 0; i < 2; i++) {
@@ -561,10 +586,14 @@ int rms_forward(const rms_isa_table *isa, const rms_fwd_args *a, int nthreads,
     j->flags = flags;
     j->by_rows = nt == 1 || split_by_rows(a->m, nt);
     j->parts = j->by_rows ? NULL : malloc(2 * (size_t)nt * nchunks(a->k) * sizeof(double));
-    int rc = j->by_rows || j->parts ? 0 : -1;
+    j->pitch = row_pitch(RMS_FWD_BUF(a->k, es));
+    j->stage = a->r && (flags & RMS_STREAM) ? scratch_rows((size_t)nt, RMS_FWD_BUF(a->k, es))
+                                             : NULL;
+    int rc = (j->by_rows || j->parts) && (j->stage || !a->r || !(flags & RMS_STREAM)) ? 0 : -1;
     if (rc == 0)
         run_team(nt, j->by_rows ? 1 : 3, fwd_phase, fwd_skip, j, pool);
     free(j->parts);
+    scratch_put(j->stage);
     scratch_put(own_w);
     free(j);
     return rc;

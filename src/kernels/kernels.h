@@ -15,6 +15,10 @@ enum rms_dtype { RMS_F32 = 0, RMS_F64 = 1, RMS_F16 = 2, RMS_BF16 = 3, RMS_NDTYPE
  * across threads only at chunk bounds. */
 #define RMS_CHUNK 1024
 
+/* fwd's buf for rows of k elements of es bytes: two rows, or a block of short rows. */
+#define RMS_FWD_BLOCK 4096
+#define RMS_FWD_BUF(k, es) ((k) * (es) * 2 + RMS_FWD_BLOCK)
+
 /* Flags of the row functions. */
 enum {
     RMS_CAST_BEFORE = 1, /* y = round(x * rstd) * w rather than round(x * rstd * w) */
@@ -33,10 +37,12 @@ typedef struct {
     /* Rows [0, m): rstd[i] = 1 / sqrt(mean(h_i^2) + eps) and y_i = h_i * rstd[i] * w, where
      * h_i = x_i, or round(x_i + r_i) stored into h when r is not NULL (h may be x or r, and y
      * may be x, r or h's other operand). w may be NULL (no weight). One DRAM read per row: the
-     * second pass reads the row from cache; the rows ahead are prefetched. */
+     * second pass reads the row from cache; the rows ahead are prefetched. buf: for the add
+     * with RMS_STREAM, RMS_FWD_BUF(k, es) bytes (64-byte aligned) in which a kernel may stage h
+     * between its passes; otherwise unused (may be NULL). */
     void (*fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h, ptrdiff_t hs,
                 void *y, ptrdiff_t ys, const void *w, void *rstd, size_t m, size_t k,
-                double eps, int flags);
+                double eps, int flags, void *buf);
     /* Rows [0, m): c_i = sum(dy_i * w * x_i * rstd[i]) / k, dx_i = rstd[i] * (dy_i * w -
      * x_i * rstd[i] * c_i) (dx may be dy or x), and dg += dy_i * x_i * rstd[i] in row order
      * (dg NULL: none; RMS_DG_STORE: row 0 stores). */

@@ -529,11 +529,14 @@ RMS_INLINE int FN(next_range)(rms_plan *p, size_t *a, size_t *b, int *nt) {
  * core overlaps one row's reduction, square root and division with the next rows' (a short row
  * is mostly that latency). */
 #ifndef RMS_BLOCK_BYTES
-#define RMS_BLOCK_BYTES 4096
+#define RMS_BLOCK_BYTES RMS_FWD_BLOCK /* a block's staged h fills fwd's buf */
+#endif
+#if RMS_BLOCK_BYTES > RMS_FWD_BLOCK
+#error "a block's staged h must fit fwd's buf"
 #endif
 #define RMS_BLOCK 16
-#ifndef RMS_STAGE
-#define RMS_STAGE 16384 /* elements of the add's staged h with streamed outputs */
+#ifndef RMS_STAGE_MAX
+#define RMS_STAGE_MAX RMS_AHEAD_MAX /* bytes of the longest row whose add stages h */
 #endif
 #define RMS_BLOCK_ROWS(rb)                                                                 \
     ((rb) >= RMS_BLOCK_BYTES || !(rb) ? (size_t)1                                          \
@@ -572,15 +575,15 @@ RMS_INLINE int FN(stream_rows)(const void *o, ptrdiff_t os, size_t k) {
 /* ---------------------------------------------------------------- forward and add */
 
 /* The forward and the add of RMS_FUSED rows with streamed outputs (see RMS_FUSE_MIN). The
- * 16-bit add of rows of up to RMS_STAGE elements stages h as fwd_loop does, in two buffers: the
- * row being summed stores its h in one while the other's is streamed out and scaled. */
+ * 16-bit add stages h as fwd_loop does, in two rows of buf: the row being summed stores its h
+ * in one while the other's is streamed out and scaled. */
 RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                               ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
                               size_t k, double eps, T *buf, const int hasr, const int hasw,
                               const int before) {
     const size_t d = FN(ahead)(k * sizeof(T));
-    const int staged = hasr && sizeof(T) < sizeof(C) && k <= RMS_STAGE;
-    T *sb[2] = {buf, buf + RMS_STAGE};
+    const int staged = hasr && sizeof(T) < sizeof(C) && k * sizeof(T) <= RMS_STAGE_MAX;
+    T *sb[2] = {buf, buf + k};
     double ss = FN(reduce)(x, r, NULL, (C)1, staged ? sb[0] : NULL, k, NULL, NULL, hasr, NULL);
     for (size_t i = 0; i < m; i++) {
         const T *xr = x + (ptrdiff_t)i * xs, *xn = i + 1 < m ? xr + xs : NULL;
@@ -615,20 +618,19 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
 
 RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs, T *h,
                              ptrdiff_t hs, T *y, ptrdiff_t ys, const void *w, C *rstd, size_t m,
-                             size_t k, double eps, int stream, const int hasr, const int hasw,
-                             const int before) {
+                             size_t k, double eps, int stream, T *buf, const int hasr,
+                             const int hasw, const int before) {
     const size_t rb = k * sizeof(T), d = FN(ahead)(rb), nb = RMS_BLOCK_ROWS(rb);
     /* The add with cached outputs: the first pass stores h = round(x + r) as it sums (h may be
      * x or r, each element written after it was read), and the second pass scales h, so that
      * neither the add nor its rounding is done twice. Streamed outputs keep the recomputation:
      * a plain store of h would fetch its lines first. */
     const int narrow = sizeof(T) < sizeof(C); /* 16-bit: h costs a rounding */
-    const int staged = hasr && (!stream || (narrow && rb <= sizeof(T) * RMS_STAGE));
-    /* With streamed outputs, 16-bit rows of up to RMS_STAGE elements stage h in this buffer
-     * instead (the first pass stores it, the second streams it to h and scales it); a block's
-     * rows (RMS_BLOCK_BYTES in all) one after another. Wider types recompute h: without a
-     * rounding to spare, the buffer's traffic costs more than the add. */
-    T buf[hasr && stream && narrow ? 2 * RMS_STAGE : 1];
+    const int staged = hasr && (!stream || (narrow && rb <= RMS_STAGE_MAX));
+    /* With streamed outputs, 16-bit rows of up to RMS_STAGE_MAX bytes stage h in buf instead
+     * (the first pass stores it, the second streams it to h and scales it); a block's rows
+     * (RMS_BLOCK_BYTES in all) one after another. Wider types recompute h: without a rounding
+     * to spare, the buffer's traffic costs more than the add. */
     if (stream && RMS_FUSED(rb, m)) {
         FN(fwd_fused)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, buf, hasr, hasw, before);
         return;
@@ -670,7 +672,7 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
 
 static void FN(fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, void *h,
                     ptrdiff_t hs, void *y, ptrdiff_t ys, const void *w, void *rstd, size_t m,
-                    size_t k, double eps, int flags) {
+                    size_t k, double eps, int flags, void *buf) {
     const int before = (flags & RMS_CAST_BEFORE) && sizeof(T) < sizeof(C);
     const int stream = (flags & RMS_STREAM) && FN(stream_rows)(y, ys, k) &&
                        (!r || FN(stream_rows)(h, hs, k));
@@ -685,7 +687,7 @@ static void FN(fwd)(const void *x, ptrdiff_t xs, const void *r, ptrdiff_t rs, vo
     } while (0)
 #define RMS_CALLK(hr, hw, bf, kk)                                                          \
     FN(fwd_loop)((const T *)x, xs, (const T *)r, rs, (T *)h, hs, (T *)y, ys, w, (C *)rstd, m, \
-                 kk, eps, stream, hr, hw, bf)
+                 kk, eps, stream, (T *)buf, hr, hw, bf)
 #define RMS_CALL_W(hr)                                                                     \
     do {                                                                                   \
         if (!w)                                                                            \
