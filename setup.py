@@ -121,9 +121,12 @@ class BuildExt(build_ext):
         kernel_flags = os.environ.get("RMSNORM_KERNEL_CFLAGS", "").split()
         # No loop unswitching in the kernels: it copied each row sum's loop for the first pass's
         # prefetch test (a pointer known at run time), 4% of the kernels' text for no measured
-        # speed (benchmarks/NOTES.md).
-        if compiles(self.compiler, "int f(void){return 0;}\n", ["-fno-unswitch-loops", "-Werror"]):
-            kernel_flags = ["-fno-unswitch-loops"] + kernel_flags
+        # speed. No errno from sqrt, which nothing reads: then a block of short rows takes its
+        # square roots in vector instructions, and no scalar sqrt keeps a libm call beside it
+        # (benchmarks/NOTES.md).
+        for flag in ("-fno-unswitch-loops", "-fno-math-errno"):
+            if compiles(self.compiler, "int f(void){return 0;}\n", [flag, "-Werror"]):
+                kernel_flags = [flag] + kernel_flags
         if not hasattr(self.compiler, "_rms_serial_compile"):
             serial = self.compiler.compile
             self.compiler._rms_serial_compile = serial

@@ -28,6 +28,11 @@
 #define RMS_CAT3_(a, b, c) a##_##b##_##c
 #define RMS_CAT3(a, b, c) RMS_CAT3_(a, b, c)
 #define RMS_INLINE static inline __attribute__((always_inline))
+#if defined(__clang__)
+#define RMS_NOCLONE __attribute__((noinline)) /* clang makes no constant-propagated clones */
+#else
+#define RMS_NOCLONE __attribute__((noinline, noclone))
+#endif
 #define RMS_FLUSH 16 /* iterations of 4 vectors between flushes into float64 */
 #ifndef RMS_RELOAD
 #define RMS_RELOAD 1
@@ -177,12 +182,14 @@ RMS_INLINE double FN(reduce_chunk)(const T *a, const T *b, const void *w, C r, T
         }
         A_ACC(l, hi, V_ADD(V_ADD(s0, s1), V_ADD(s2, s3)));
     }
-    V s = z;
-    for (; i + W <= n; i += W)
-        s = FN(term)(s, a, b, w, vr, h, i, W, kind);
-    if (i < n)
-        s = FN(term)(s, a, b, w, vr, h, i, n - i, kind);
-    A_ACC(l, hi, s);
+    if (i < n) { /* the tail, into one accumulator (none: a row of whole steps adds no zeros) */
+        V s = z;
+        for (; i + W <= n; i += W)
+            s = FN(term)(s, a, b, w, vr, h, i, W, kind);
+        if (i < n)
+            s = FN(term)(s, a, b, w, vr, h, i, n - i, kind);
+        A_ACC(l, hi, s);
+    }
     return A_SUM(l, hi);
 }
 
@@ -210,12 +217,14 @@ RMS_INLINE double FN(sq2_chunk)(const T *a, size_t n, const T *pa) {
         }
         A_ACC(l, hi, V_ADD(V_ADD(s0, s1), V_ADD(s2, s3)));
     }
-    V s = z;
-    for (; i + W <= n; i += W)
-        s = FN(term)(s, a, NULL, NULL, z, NULL, i, W, 0);
-    if (i < n)
-        s = FN(term)(s, a, NULL, NULL, z, NULL, i, n - i, 0);
-    A_ACC(l, hi, s);
+    if (i < n) {
+        V s = z;
+        for (; i + W <= n; i += W)
+            s = FN(term)(s, a, NULL, NULL, z, NULL, i, W, 0);
+        if (i < n)
+            s = FN(term)(s, a, NULL, NULL, z, NULL, i, n - i, 0);
+        A_ACC(l, hi, s);
+    }
     return A_SUM(l, hi);
 }
 #endif
@@ -271,7 +280,9 @@ RMS_INLINE double FN(reduce)(const T *a, const T *b, const void *w, C r, T *h, s
 
 /* ---------------------------------------------------------------- the rescue */
 
-static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
+/* Out of line and never cloned: a cold path (rows whose squares overflowed or underflowed, or
+ * that hold Inf or NaN), whose constant-propagated copies were only code size. */
+RMS_NOCLONE static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
     const T *x = (const T *)xv, *r = (const T *)rv;
     double amax = 0.0;
     for (size_t i = 0; i < n; i++) {
@@ -304,6 +315,15 @@ static double FN(rescue)(const void *xv, const void *rv, size_t n, double eps) {
 RMS_INLINE C FN(rstd)(double ss, const T *x, const T *r, size_t n, double eps) {
     return (C)(rms_sumsq_ok(ss, sizeof(C) == 8) ? rms_rstd(ss, n, eps)
                                                 : FN(rescue)(x, r, n, eps));
+}
+
+/* The rstd of a block's cnt rows from their sums of squares (rd[j] meaningful where
+ * rms_sumsq_ok(ss[j])), in one loop the compiler vectorizes: division and square root round
+ * correctly either way, so the bits are FN(rstd)'s, and a short row's own division and square
+ * root were a large part of its time (benchmarks/NOTES.md). */
+RMS_INLINE void FN(rstd_block)(const double *ss, double *rd, size_t cnt, size_t n, double eps) {
+    for (size_t j = 0; j < cnt; j++)
+        rd[j] = rms_rstd(ss[j], n, eps);
 }
 
 /* ---------------------------------------------------------------- second passes
@@ -635,7 +655,7 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
         FN(fwd_fused)(x, xs, r, rs, h, hs, y, ys, w, rstd, m, k, eps, buf, hasr, hasw, before);
         return;
     }
-    double ss[RMS_BLOCK];
+    double ss[RMS_BLOCK], rd[RMS_BLOCK];
     for (size_t i0 = 0; i0 < m; i0 += nb) {
         const size_t cnt = m - i0 < nb ? m - i0 : nb;
         for (size_t j = 0; j < cnt; j++) { /* the block's first passes */
@@ -646,6 +666,7 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
             T *hr = !staged ? NULL : stream ? buf + j * k : h + (ptrdiff_t)i * hs;
             ss[j] = FN(reduce)(xr, rr, NULL, (C)1, hr, k, px, pr, hasr, NULL);
         }
+        FN(rstd_block)(ss, rd, cnt, k, eps);
         for (size_t j = 0; j < cnt; j++) { /* and their second passes */
             const size_t i = i0 + j, ahead = i + d < m ? d : 0;
             const T *xr = x + (ptrdiff_t)i * xs, *rr = hasr ? r + (ptrdiff_t)i * rs : NULL;
@@ -653,8 +674,9 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
             const T *pfx = ahead ? xr + (ptrdiff_t)ahead * xs : NULL;
             const T *pr = hasr ? rr + (ptrdiff_t)ahead * rs : pfx;
             const T *sr = stream ? buf + j * k : hr; /* the staged h */
-            const C rc = staged ? FN(rstd)(ss[j], sr, NULL, k, eps)
-                                : FN(rstd)(ss[j], xr, rr, k, eps);
+            const C rc = rms_sumsq_ok(ss[j], sizeof(C) == 8) ? (C)rd[j]
+                         : staged ? (C)FN(rescue)(sr, NULL, k, eps)
+                                  : (C)FN(rescue)(xr, rr, k, eps);
             const V vr = V_SET(rc);
             rstd[i] = rc;
             if (staged && stream)
