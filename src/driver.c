@@ -586,10 +586,10 @@ int rms_forward(const rms_isa_table *isa, const rms_fwd_args *a, int nthreads,
     j->flags = flags;
     j->by_rows = nt == 1 || split_by_rows(a->m, nt);
     j->parts = j->by_rows ? NULL : malloc(2 * (size_t)nt * nchunks(a->k) * sizeof(double));
+    const int staging = a->r && (flags & RMS_STREAM);
     j->pitch = row_pitch(RMS_FWD_BUF(a->k, es));
-    j->stage = a->r && (flags & RMS_STREAM) ? scratch_rows((size_t)nt, RMS_FWD_BUF(a->k, es))
-                                             : NULL;
-    int rc = (j->by_rows || j->parts) && (j->stage || !a->r || !(flags & RMS_STREAM)) ? 0 : -1;
+    j->stage = staging ? scratch_rows((size_t)nt, RMS_FWD_BUF(a->k, es)) : NULL;
+    int rc = (j->by_rows || j->parts) && (j->stage || !staging) ? 0 : -1;
     if (rc == 0)
         run_team(nt, j->by_rows ? 1 : 3, fwd_phase, fwd_skip, j, pool);
     free(j->parts);

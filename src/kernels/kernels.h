@@ -15,7 +15,8 @@ enum rms_dtype { RMS_F32 = 0, RMS_F64 = 1, RMS_F16 = 2, RMS_BF16 = 3, RMS_NDTYPE
  * across threads only at chunk bounds. */
 #define RMS_CHUNK 1024
 
-/* fwd's buf for rows of k elements of es bytes: two rows, or a block of short rows. */
+/* fwd's buf for rows of k elements of es bytes: room for two rows, and for a block of short
+ * rows. */
 #define RMS_FWD_BLOCK 4096
 #define RMS_FWD_BUF(k, es) ((k) * (es) * 2 + RMS_FWD_BLOCK)
 

@@ -311,10 +311,10 @@ RMS_NOCLONE static double FN(rescue)(const void *xv, const void *rv, size_t n, d
     return 1.0 / (amax * sqrt(s / (double)n + t));
 }
 
-/* The row's rstd, rounded to the compute type, from its sum of squares. */
-RMS_INLINE C FN(rstd)(double ss, const T *x, const T *r, size_t n, double eps) {
-    return (C)(rms_sumsq_ok(ss, sizeof(C) == 8) ? rms_rstd(ss, n, eps)
-                                                : FN(rescue)(x, r, n, eps));
+/* The row's rstd, rounded to the compute type: rd (rms_rstd of ss) where its sum of squares ss
+ * is usable, else the rescue's. */
+RMS_INLINE C FN(rstd)(double ss, double rd, const T *x, const T *r, size_t n, double eps) {
+    return (C)(rms_sumsq_ok(ss, sizeof(C) == 8) ? rd : FN(rescue)(x, r, n, eps));
 }
 
 /* The rstd of a block's cnt rows from their sums of squares (rd[j] meaningful where
@@ -610,7 +610,8 @@ RMS_INLINE void FN(fwd_fused)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs
         const T *rr = hasr ? r + (ptrdiff_t)i * rs : NULL, *rn = hasr && xn ? rr + rs : NULL;
         T *yr = y + (ptrdiff_t)i * ys, *hr = hasr ? h + (ptrdiff_t)i * hs : NULL;
         T *sr = sb[i & 1], *sn = sb[(i + 1) & 1];
-        const C rc = staged ? FN(rstd)(ss, sr, NULL, k, eps) : FN(rstd)(ss, xr, rr, k, eps);
+        const double rd = rms_rstd(ss, k, eps);
+        const C rc = staged ? FN(rstd)(ss, rd, sr, NULL, k, eps) : FN(rstd)(ss, rd, xr, rr, k, eps);
         const V vr = V_SET(rc);
         rstd[i] = rc;
         /* the rows d past the one being summed */
@@ -674,9 +675,8 @@ RMS_INLINE void FN(fwd_loop)(const T *x, ptrdiff_t xs, const T *r, ptrdiff_t rs,
             const T *pfx = ahead ? xr + (ptrdiff_t)ahead * xs : NULL;
             const T *pr = hasr ? rr + (ptrdiff_t)ahead * rs : pfx;
             const T *sr = stream ? buf + j * k : hr; /* the staged h */
-            const C rc = rms_sumsq_ok(ss[j], sizeof(C) == 8) ? (C)rd[j]
-                         : staged ? (C)FN(rescue)(sr, NULL, k, eps)
-                                  : (C)FN(rescue)(xr, rr, k, eps);
+            const C rc = staged ? FN(rstd)(ss[j], rd[j], sr, NULL, k, eps)
+                                : FN(rstd)(ss[j], rd[j], xr, rr, k, eps);
             const V vr = V_SET(rc);
             rstd[i] = rc;
             if (staged && stream)
