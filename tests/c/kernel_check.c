@@ -134,6 +134,9 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
     char *w = calloc(k, cs), *ws = calloc(k, es), *dx = calloc(n, es);
     double *wd = calloc(k, 8), *ry = calloc(n, 8), *rh = calloc(n, 8), *rr = calloc(m, 8);
     double *rdx = calloc(n, 8), *rdg = calloc(k, 8);
+    /* fwd's staging buffer, as the driver gives it: 64-byte aligned, RMS_FWD_BUF bytes */
+    size_t bufsize = (RMS_FWD_BUF(k, es) + 63) / 64 * 64;
+    void *buf = aligned_alloc(64, bufsize);
     fill(x, n, dt, 3.0);
     fill(r, n, dt, 1.0);
     fill(dy, n, dt, 1.0);
@@ -150,7 +153,7 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
                                  (f & 8 ? RMS_W_STORAGE : 0);
         reference(dt, m, k, s, x, add ? r : NULL, dy, wd, f & 2, ry, rh, rr, rdx, rdg);
         kt->fwd(x, (ptrdiff_t)s, add ? r : NULL, (ptrdiff_t)s, h, (ptrdiff_t)s, y, (ptrdiff_t)s,
-                f & 8 ? (const void *)ws : w, rs, m, k, 1e-6, flags);
+                f & 8 ? (const void *)ws : w, rs, m, k, 1e-6, flags, buf);
         snprintf(name, sizeof name, "%s flags %d", add ? "add" : "fwd", flags);
         check(name, isa->name, dt, k, y, ry, 1, n, ulps, noise);
         for (size_t i = 0; i < m; i++) /* rstd: float32 (float64) ulps */
@@ -165,13 +168,13 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
                              k, worst);
         if (add) { /* h exactly, and the scalar family's h */
             sc->fwd(x, (ptrdiff_t)s, r, (ptrdiff_t)s, h2, (ptrdiff_t)s, y, (ptrdiff_t)s, w, rs, m,
-                    k, 1e-6, 0);
+                    k, 1e-6, 0, NULL);
             check("add h", isa->name, dt, k, h, h2, 0, n, -1, 0);
         }
     }
     /* backward: dgamma accumulated, or its first row stored; weight widened or as it is */
     reference(dt, m, k, s, x, NULL, dy, wd, 0, ry, rh, rr, rdx, rdg);
-    kt->fwd(x, (ptrdiff_t)s, NULL, 0, NULL, 0, y, (ptrdiff_t)s, w, rs, m, k, 1e-6, 0);
+    kt->fwd(x, (ptrdiff_t)s, NULL, 0, NULL, 0, y, (ptrdiff_t)s, w, rs, m, k, 1e-6, 0, NULL);
     for (int f = 0; f < 8; f++) {
         int flags = (f & 1 ? RMS_STREAM : 0) | (f & 2 ? RMS_DG_STORE : 0) |
                     (f & 4 ? RMS_W_STORAGE : 0);
@@ -205,14 +208,14 @@ static void compare(const rms_isa_table *isa, int dt, size_t k) {
             passed++;
         else
             failed++, printf("FAIL sumsq %s dtype %d k %zu\n", isa->name, dt, k);
-        sc->fwd(x, 0, r, 0, h, 0, y, 0, NULL, rs, 1, k, 1e-6, 0);
+        sc->fwd(x, 0, r, 0, h, 0, y, 0, NULL, rs, 1, k, 1e-6, 0, NULL);
         check("sumsq h", isa->name, dt, k, h2, h, 0, k, -1, 0);
     }
     /* narrow(widen(w)) is w */
     kt->narrow(w, h, k);
     check("widen + narrow", isa->name, dt, k, h, ws, 0, k, -1, 0);
     free(x), free(r), free(dy), free(y), free(h), free(h2), free(rs), free(dg), free(w);
-    free(ws), free(dx), free(wd), free(ry), free(rh), free(rr), free(rdx), free(rdg);
+    free(ws), free(dx), free(wd), free(ry), free(rh), free(rr), free(rdx), free(rdg), free(buf);
 }
 
 int main(void) {
